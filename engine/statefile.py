@@ -1,0 +1,125 @@
+"""Durable JSON state files: atomic writes under a file lock.
+
+Every state file the app owns (catalog, settings, digest cache, conversations) goes
+through `StateFile`. A write goes to a temporary file in the same directory, is
+fsynced, then replaces the old file, so a crash leaves either the old or the new
+version. Read-modify-write happens under an inter-process lock, so two running
+instances cannot lose each other's updates. A file that does not parse is set aside
+(renamed with a `.corrupt-<time>` suffix) with a notice, never silently replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import filelock
+
+from engine.errors import StateError
+
+_notices: list[str] = []
+_notices_lock = threading.Lock()
+
+
+def notices() -> list[str]:
+    """Messages about state files that were set aside, oldest first."""
+    with _notices_lock:
+        return list(_notices)
+
+
+def _notice(message: str) -> None:
+    with _notices_lock:
+        _notices.append(message)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write `data` as JSON to `path` so that readers see the old or the new file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, sort_keys=True, ensure_ascii=False)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    # The rename is durable only once the directory entry is on disk.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class StateFile:
+    """One JSON state file with locked read-modify-write."""
+
+    def __init__(self, path: Path, default: Callable[[], Any]) -> None:
+        self.path = path
+        self._default = default
+        self._lock = filelock.FileLock(str(path) + ".lock", timeout=30)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        try:
+            with self._lock:
+                yield
+        except filelock.Timeout as exc:
+            raise StateError(f"{self.path.name} is locked by another process") from exc
+
+    def load(self) -> Any:
+        """Read the file; a missing file gives the default, a corrupt one is set aside."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return self._default()
+        except OSError as exc:
+            raise StateError(f"cannot read {self.path}: {exc.strerror}") from exc
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, type(self._default())):
+                raise ValueError("unexpected top-level type")
+            return data
+        except (ValueError, UnicodeDecodeError):
+            return self._set_aside()
+
+    def _set_aside(self) -> Any:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
+        try:
+            os.replace(self.path, aside)
+        except FileNotFoundError:
+            # Another process set it aside first and may have written a new one.
+            return self.load()
+        _notice(f"{self.path.name} was unreadable and was set aside as {aside.name}")
+        return self._default()
+
+    def save(self, data: Any) -> None:
+        with self.locked():
+            write_json_atomic(self.path, data)
+
+    def update(self, change: Callable[[Any], Any]) -> Any:
+        """Apply `change` to a copy of the current state and write the result.
+
+        `change` may raise to abort; then nothing is written.
+        """
+        with self.locked():
+            current = self.load()
+            new = change(copy.deepcopy(current))
+            if new is None:
+                raise StateError("internal: state update returned nothing")
+            if new != current:
+                write_json_atomic(self.path, new)
+            return new

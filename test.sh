@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set everything up (first time only) and run the whole test suite, with the guard rails.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+scripts/setup.sh
+echo "== ruff"
+.venv/bin/ruff check engine gui tests benchmarks scripts
+echo "== engine imports without Qt"
+.venv/bin/python scripts/check_layering.py
+echo "== pytest"
+QT_QPA_PLATFORM=offscreen exec .venv/bin/python -m pytest "$@"

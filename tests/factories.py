@@ -1,0 +1,99 @@
+"""Artifacts the tests write themselves: LoRA adapters for the embedded model and
+hand-crafted GGUF/safetensors bytes (no binary blobs are committed)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from engine import lora_io, naming
+from engine.artifacts import BaseModelInfo
+
+
+def lora_weights(
+    base: BaseModelInfo,
+    roles: tuple[str, ...] = ("attn_q", "attn_v"),
+    rank: int = 8,
+    alpha: float = 16.0,
+    seed: int = 0,
+    strength: float = 0.05,
+    layers: range | None = None,
+) -> lora_io.LoraWeights:
+    """Random LoRA weights shaped for `base` (HF module keys, GGUF row order)."""
+    rng = np.random.default_rng(seed)
+    modules = base.module_shapes()
+    out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for layer in layers if layers is not None else range(base.block_count):
+        for role in roles:
+            module = f"model.layers.{layer}.{naming.ROLES[role]}"
+            out_f, in_f = modules[module]
+            a = rng.normal(0, 1 / np.sqrt(in_f), (rank, in_f)).astype(np.float32)
+            b = rng.normal(0, strength, (out_f, rank)).astype(np.float32)
+            out[module] = (a, b)
+    return lora_io.LoraWeights(alpha, rank, out, base.architecture, base.name)
+
+
+def write_gguf_lora(path: Path, base: BaseModelInfo, **kwargs) -> Path:
+    lora_io.write_gguf(path, lora_weights(base, **kwargs))
+    return path
+
+
+def write_peft_lora(folder: Path, base: BaseModelInfo, **kwargs) -> Path:
+    weights = lora_io.gguf_to_peft(lora_weights(base, **kwargs), base.head_count,
+                                   base.head_count_kv)
+    lora_io.write_peft(folder, weights)
+    return folder
+
+
+# --------------------------------------------------------------------------- raw GGUF
+
+
+def gguf_string(text: str | bytes) -> bytes:
+    raw = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def gguf_kv_string(key: str, value: str) -> bytes:
+    return gguf_string(key) + struct.pack("<I", 8) + gguf_string(value)
+
+
+def gguf_kv_u32(key: str, value: int) -> bytes:
+    return gguf_string(key) + struct.pack("<I", 4) + struct.pack("<I", value)
+
+
+def gguf_kv_f32(key: str, value: float) -> bytes:
+    return gguf_string(key) + struct.pack("<I", 6) + struct.pack("<f", value)
+
+
+def gguf_tensor_info(name: str, dims: tuple[int, ...], type_id: int, offset: int) -> bytes:
+    out = gguf_string(name) + struct.pack("<I", len(dims))
+    out += b"".join(struct.pack("<Q", d) for d in dims)
+    return out + struct.pack("<I", type_id) + struct.pack("<Q", offset)
+
+
+def raw_gguf(
+    kvs: list[bytes],
+    tensors: list[bytes] = (),
+    data: bytes = b"",
+    version: int = 3,
+    n_tensors: int | None = None,
+    n_kv: int | None = None,
+    alignment: int = 32,
+) -> bytes:
+    head = b"GGUF" + struct.pack("<I", version)
+    head += struct.pack("<Q", len(tensors) if n_tensors is None else n_tensors)
+    head += struct.pack("<Q", len(kvs) if n_kv is None else n_kv)
+    body = head + b"".join(kvs) + b"".join(tensors)
+    pad = (-len(body)) % alignment
+    return body + b"\0" * pad + data
+
+
+def raw_safetensors(header: dict | str | bytes, data: bytes = b"", length: int | None = None
+                    ) -> bytes:
+    if isinstance(header, dict):
+        header = json.dumps(header)
+    raw = header.encode() if isinstance(header, str) else header
+    return struct.pack("<Q", len(raw) if length is None else length) + raw + data
