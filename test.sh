@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 scripts/setup.sh
 echo "== ruff"
-.venv/bin/ruff check engine gui tests benchmarks scripts
+.venv/bin/ruff check .
 echo "== engine imports without Qt"
 .venv/bin/python scripts/check_layering.py
 echo "== pytest"

@@ -1,0 +1,143 @@
+"""Chat templates rendered in a sandbox with limits.
+
+A chat template comes from the model file, so it is untrusted code: it renders in
+jinja2's ImmutableSandboxedEnvironment (no attribute access to Python internals, no
+mutation of the values we pass in), with a deadline enforced by a trace hook (a
+template loop that never ends is stopped), a cap on the output size, and any failure
+reported as a TemplateError with the template's own message.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.errors import RefusedError
+
+MAX_TEMPLATE_CHARS = 256 << 10
+MAX_OUTPUT_CHARS = 4 << 20
+DEADLINE_SECONDS = 2.0
+ROLES = ("system", "user", "assistant")
+
+
+class TemplateError(RefusedError):
+    """The chat template could not be rendered safely."""
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(f"chat template refused the conversation: {message}")
+
+
+class _Deadline:
+    """A trace function that aborts rendering once the deadline passes."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if time.monotonic() > self.deadline:
+            raise TemplateError(f"chat template did not finish within {DEADLINE_SECONDS:g} s")
+        return self
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """Bounds the two operators that can do unbounded work inside one C call."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**":
+            if isinstance(left, int) and isinstance(right, int) and (
+                    left.bit_length() * abs(right) > 1 << 20):
+                raise TemplateError("chat template computes an absurd power")
+            return left**right
+        for seq, count in ((left, right), (right, left)):
+            if isinstance(seq, str | list | tuple) and isinstance(count, int):
+                if len(seq) * count > MAX_OUTPUT_CHARS:
+                    raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
+        return left * right
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        undefined=jinja2.StrictUndefined, autoescape=False)
+    env.globals["raise_exception"] = _raise_exception
+    return env
+
+
+def check_messages(messages: Sequence[Message]) -> None:
+    if not messages:
+        raise RefusedError("a chat needs at least one message")
+    for message in messages:
+        if message.role not in ROLES:
+            raise RefusedError(f"unknown chat role {message.role!r}")
+
+
+def render(
+    template: str,
+    messages: Sequence[Message],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+    deadline: float = DEADLINE_SECONDS,
+) -> str:
+    """Render `messages` with `template`; raises TemplateError with a clear reason."""
+    check_messages(messages)
+    if len(template) > MAX_TEMPLATE_CHARS:
+        raise TemplateError(f"chat template longer than {MAX_TEMPLATE_CHARS} characters")
+    env = _environment()
+    try:
+        compiled = env.from_string(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"chat template has a syntax error (line {exc.lineno}): "
+                            f"{exc.message}") from None
+    context = {
+        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        "add_generation_prompt": add_generation_prompt,
+    }
+    pieces: list[str] = []
+    size = 0
+    previous = sys.gettrace()
+    sys.settrace(_Deadline(deadline))
+    try:
+        for piece in compiled.generate(context):
+            size += len(piece)
+            if size > MAX_OUTPUT_CHARS:
+                raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
+            pieces.append(piece)
+    except TemplateError:
+        raise
+    except jinja2.exceptions.SecurityError as exc:
+        raise TemplateError(f"chat template tried something unsafe: {exc}") from None
+    except jinja2.TemplateError as exc:
+        raise TemplateError(f"chat template failed: {exc}") from None
+    except RecursionError:
+        raise TemplateError("chat template recursed too deeply") from None
+    except MemoryError:
+        raise TemplateError("chat template used too much memory") from None
+    except Exception as exc:  # anything else a template can provoke
+        raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.settrace(previous)
+    return "".join(pieces)
+
+
+def plain_prompt(messages: Sequence[Message]) -> str:
+    """A fallback for models without a template: role-labelled lines."""
+    check_messages(messages)
+    return "".join(f"{m.role}: {m.content}\n" for m in messages) + "assistant:"
