@@ -67,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     vadd.add_argument("--base", required=True)
     vadd.add_argument("--adapter", action="append", required=True, metavar="ADAPTER[:SCALE]")
 
+    gen = sub.add_parser("generate", help="generate text with a model or variant")
+    gen.add_argument("name")
+    _generation_flags(gen)
+    gen.add_argument("--system", help="system prompt (chat mode)")
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--top-k", type=int)
+    cmp_ = sub.add_parser("compare", help="base and variant side by side")
+    cmp_.add_argument("name", metavar="VARIANT")
+    _generation_flags(cmp_)
+
     lst = sub.add_parser("list", help="list models, adapters and variants")
     lst.add_argument("--json", action="store_true")
     show = sub.add_parser("show", help="show one entry with its checks")
@@ -79,6 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check the installation and every catalog entry")
     doctor.add_argument("--json", action="store_true")
     return parser
+
+
+def _generation_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--chat", action="store_true", help="apply the chat template")
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--json", action="store_true")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -294,8 +313,22 @@ def status_info(catalog: Catalog) -> dict[str, Any]:
         "version": __version__,
         "data_dir": str(paths.data_dir()),
         "catalog": {k: len(data[k]) for k in catalog_mod.KINDS},
-        "engine": {"state": "not running"},
+        "engine": _engine_description(),
     }
+
+
+def _engine_description() -> dict[str, Any]:
+    from engine.client import EngineClient
+
+    client = EngineClient()
+    try:
+        description = client.call("describe", timeout=60)
+        description["state"] = "running"
+        return description
+    except StudioError as exc:
+        return {"state": "unavailable", "error": exc.message}
+    finally:
+        client.close()
 
 
 def cmd_status(catalog: Catalog, args: argparse.Namespace) -> int:
@@ -306,7 +339,9 @@ def cmd_status(catalog: Catalog, args: argparse.Namespace) -> int:
     print(f"Variant Studio {info['version']}")
     print(f"  data directory: {info['data_dir']}")
     print("  catalog: " + ", ".join(f"{n} {k}" for k, n in info["catalog"].items()))
-    print(f"  engine: {info['engine'].get('state')}")
+    engine = info["engine"]
+    print(f"  engine: {engine.get('state')} (pid {engine.get('pid')}, "
+          f"{engine.get('memory', {}).get('rss_bytes', 0) / 2**20:.0f} MiB resident)")
     return 0
 
 
@@ -361,6 +396,79 @@ def cmd_doctor(catalog: Catalog, args: argparse.Namespace) -> int:
     return 3 if failed else 0
 
 
+def _request(args: argparse.Namespace, catalog: Catalog) -> dict[str, Any]:
+    from engine.sampling import Sampling
+    from engine.spec import resolve
+
+    spec = resolve(catalog, args.name)
+    overrides = {"max_tokens": args.max_tokens, "temperature": args.temperature,
+                 "seed": args.seed, "top_p": getattr(args, "top_p", None),
+                 "top_k": getattr(args, "top_k", None)}
+    sampling = Sampling.from_dict(spec.sampling.to_dict() | {
+        k: v for k, v in overrides.items() if v is not None})
+    prompt = {"text": args.prompt, "chat": bool(args.chat),
+              "system": getattr(args, "system", None)}
+    return {"spec": spec.to_dict(), "prompt": prompt, "sampling": sampling.to_dict()}
+
+
+def _run_engine(op: str, params: dict[str, Any], on_event=None) -> Any:
+    from engine.client import EngineClient
+
+    client = EngineClient()
+    handle = client.submit(op, params, on_event)
+    try:
+        return handle.wait()
+    except KeyboardInterrupt:
+        client.cancel(handle)
+        handle.done.wait(30)
+        raise
+    finally:
+        client.close()
+
+
+def cmd_generate(catalog: Catalog, args: argparse.Namespace) -> int:
+    params = _request(args, catalog)
+
+    def stream(event: dict[str, Any]) -> None:
+        if event.get("event") == "token":
+            sys.stdout.write(event["text"])
+            sys.stdout.flush()
+
+    result = _run_engine("generate", params, None if args.json else stream)
+    if args.json:
+        _emit_json({k: result[k] for k in ("text", "token_ids", "identity",
+                                            "tokens_per_second", "logprobs", "finish_reason",
+                                            "name", "backend", "prompt_tokens")})
+    else:
+        sys.stdout.write("\n")
+        print(f"[{result['name']} · {result['identity'][:12]} · "
+              f"{result['tokens_per_second']:.1f} tok/s · {result['finish_reason']}]",
+              file=sys.stderr)
+    return 0
+
+
+def cmd_compare(catalog: Catalog, args: argparse.Namespace) -> int:
+    result = _run_engine("compare", _request(args, catalog))
+    if args.json:
+        keep = ("text", "token_ids", "identity", "tokens_per_second", "logprobs",
+                "finish_reason", "name", "backend")
+        _emit_json({"base": {k: result["base"][k] for k in keep},
+                    "variant": {k: result["variant"][k] for k in keep},
+                    "first_divergence": result["first_divergence"],
+                    "adapter_effect": result["adapter_effect"]})
+        return 0
+    for side in ("base", "variant"):
+        r = result[side]
+        print(f"== {side}: {r['name']} [{r['identity'][:12]}] "
+              f"{r['tokens_per_second']:.1f} tok/s")
+        print(r["text"])
+    div = result["first_divergence"]
+    print(f"== first divergence: {'none' if div is None else f'token {div}'}; "
+          f"adapter effect: {result['adapter_effect']:.4f} nats/token "
+          "(mean |Δ log p| of the base's tokens under the variant)")
+    return 0
+
+
 COMMANDS = {
     "model": cmd_model,
     "adapter": cmd_adapter,
@@ -368,6 +476,8 @@ COMMANDS = {
     "list": cmd_list,
     "show": cmd_show,
     "remove": cmd_remove,
+    "generate": cmd_generate,
+    "compare": cmd_compare,
     "status": cmd_status,
     "doctor": cmd_doctor,
 }

@@ -64,9 +64,9 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
                 raise TemplateError("chat template computes an absurd power")
             return left**right
         for seq, count in ((left, right), (right, left)):
-            if isinstance(seq, str | list | tuple) and isinstance(count, int):
-                if len(seq) * count > MAX_OUTPUT_CHARS:
-                    raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
+            if (isinstance(seq, str | list | tuple) and isinstance(count, int)
+                    and len(seq) * count > MAX_OUTPUT_CHARS):
+                raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
         return left * right
 
 

@@ -1,0 +1,181 @@
+"""The engine host process: `python -m engine.host`.
+
+Reads requests from stdin, writes events to a private copy of stdout (fd 1 itself is
+pointed at stderr, so anything native code prints cannot corrupt the protocol).
+One engine thread owns every native object and runs requests one at a time (the
+Anki pattern: a single executor for the resource that is unsafe to share); the main
+thread keeps reading so that cancel requests take effect during long work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+from engine import protocol
+from engine.errors import Cancelled, EngineError, StudioError
+
+
+@dataclass
+class Request:
+    id: str
+    op: str
+    params: dict[str, Any]
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+class Host:
+    def __init__(self, out_fd: int) -> None:
+        self._out = out_fd
+        self._write_lock = threading.Lock()
+        self._queue: queue.Queue[Request | None] = queue.Queue()
+        self._pending: dict[str, Request] = {}
+        self._pending_lock = threading.Lock()
+        self._manager: Any = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = protocol.encode(message)
+        with self._write_lock:
+            view = memoryview(data)
+            while view:
+                written = os.write(self._out, view)
+                view = view[written:]
+
+    # ---------------------------------------------------------------- main thread
+
+    def serve(self) -> None:
+        worker = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
+        worker.start()
+        self.send({"event": "ready", "pid": os.getpid(), "versions": _versions()})
+        for line in sys.stdin.buffer:
+            if len(line) > protocol.MAX_LINE:
+                continue
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            op = message.get("op")
+            if op == "shutdown":
+                break
+            if op == "cancel":
+                self._cancel(str(message.get("target")))
+                continue
+            request = Request(str(message.get("id")), str(op), message.get("params") or {})
+            with self._pending_lock:
+                self._pending[request.id] = request
+            self._queue.put(request)
+        # stdin closed or shutdown: stop after the current request.
+        with self._pending_lock:
+            for request in self._pending.values():
+                request.cancel.set()
+        self._queue.put(None)
+        worker.join(timeout=30)
+
+    def _cancel(self, target: str) -> None:
+        with self._pending_lock:
+            request = self._pending.get(target)
+        if request is not None:
+            request.cancel.set()
+
+    # ---------------------------------------------------------------- engine thread
+
+    def _engine_loop(self) -> None:
+        while True:
+            request = self._queue.get()
+            if request is None:
+                break
+            try:
+                if request.cancel.is_set():
+                    raise Cancelled("cancelled before it started")
+                result = self._handle(request)
+            except Cancelled:
+                self.send({"id": request.id, "event": "cancelled"})
+            except Exception as exc:
+                payload = protocol.error_payload(exc)
+                if not isinstance(exc, StudioError):
+                    payload["details"] = payload["details"] + traceback.format_exc().splitlines()
+                self.send({"id": request.id, "event": "failed", "error": payload})
+            else:
+                self.send({"id": request.id, "event": "finished", "result": result})
+            finally:
+                with self._pending_lock:
+                    self._pending.pop(request.id, None)
+        if self._manager is not None:
+            self._manager.close_all()
+
+    def manager(self) -> Any:
+        if self._manager is None:
+            from engine.sessions import SessionManager
+
+            threads = int(os.environ.get("VARIANT_STUDIO_THREADS", "0")) or None
+            self._manager = SessionManager(n_threads=threads)
+        return self._manager
+
+    def _handle(self, request: Request) -> Any:
+        from engine.sampling import Sampling
+        from engine.sessions import Prompt
+        from engine.spec import SessionSpec
+
+        p = request.params
+
+        def emit(event: str, **payload: Any) -> None:
+            self.send({"id": request.id, "event": event, **payload})
+
+        cancelled = request.cancel.is_set
+        if request.op == "ping":
+            return {"pid": os.getpid()}
+        if request.op == "describe":
+            return self.manager().describe() if self._manager else _idle_description()
+        if request.op in ("generate", "compare", "open"):
+            spec = SessionSpec.from_dict(p["spec"])
+            if request.op == "open":
+                self.manager().open(spec, cancelled, lambda stage, f: emit(
+                    "progress", stage=stage, fraction=f))
+                return self.manager().describe()
+            sampling = Sampling.from_dict(p.get("sampling") or spec.sampling.to_dict())
+            prompt = Prompt.from_dict(p.get("prompt") or {})
+            run = self.manager().generate if request.op == "generate" else self.manager().compare
+            return run(spec, prompt, sampling, emit, cancelled)
+        if request.op == "close_all":
+            if self._manager:
+                self._manager.close_all()
+            return {}
+        if request.op == "abort" and os.environ.get("VARIANT_STUDIO_TEST_HOOKS") == "1":
+            os.abort()  # test hook: a native crash, as a malformed file could cause
+        raise EngineError(f"unknown engine request {request.op!r}")
+
+
+def _idle_description() -> dict[str, Any]:
+    from engine.sessions import memory_usage
+
+    return {"pid": os.getpid(), "residents": [], "sessions": [], "memory": memory_usage()}
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for package in ("llama-cpp-python", "openvino-genai"):
+        try:
+            out[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            out[package] = "missing"
+    return out
+
+
+def main() -> None:
+    # Keep a private descriptor for the protocol and send fd 1 to stderr, so stray
+    # native prints cannot interleave with protocol lines.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    Host(out_fd).serve()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The llama.cpp backend: one resident model per base, one context per session.
+
+Only the engine process imports this module, and only its engine thread calls into
+it (llama.cpp objects are not safe to share across threads). We use
+llama-cpp-python's low-level bindings, never `Llama(lora_path=...)`: that path treats
+a rejected adapter as success and crashes at the first decode.
+
+Adapters belong to the model and are loaded once per file digest; adapter *sets*
+belong to a context and are fixed when the context is created, so a context's KV
+cache only ever holds state computed under its own identity.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import llama_cpp
+import numpy as np
+
+from engine.errors import Cancelled, EngineError
+from engine.spec import AdapterFile
+
+_log_lines: deque[str] = deque(maxlen=500)
+_log_partial = [""]
+_log_lock = threading.Lock()
+_log_callback = None
+_initialised = False
+
+
+def init_runtime() -> None:
+    """Initialise llama.cpp once and route its log into a ring buffer (and stderr)."""
+    global _log_callback, _initialised
+    if _initialised:
+        return
+
+    @llama_cpp.llama_log_callback
+    def on_log(level: int, text: bytes | None, user: ctypes.c_void_p) -> None:
+        if not text:
+            return
+        os.write(2, text)
+        with _log_lock:
+            chunk = _log_partial[0] + text.decode("utf-8", "replace")
+            *lines, _log_partial[0] = chunk.split("\n")
+            _log_lines.extend(line for line in lines if line.strip())
+
+    _log_callback = on_log  # keep a reference: llama.cpp holds only the pointer
+    llama_cpp.llama_log_set(on_log, None)
+    llama_cpp.llama_backend_init()
+    _initialised = True
+
+
+def recent_log(count: int = 12) -> tuple[str, ...]:
+    with _log_lock:
+        return tuple(list(_log_lines)[-count:])
+
+
+class LlamaModel:
+    """A loaded base model and the adapters loaded against it."""
+
+    def __init__(self, path: str, sha256: str, progress: Callable[[float], bool] | None = None
+                 ) -> None:
+        init_runtime()
+        self.path = path
+        self.sha256 = sha256
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0
+        self._progress_cb = None
+        if progress is not None:
+            @llama_cpp.llama_progress_callback
+            def on_progress(fraction: float, user: ctypes.c_void_p) -> bool:
+                return bool(progress(fraction))
+
+            self._progress_cb = on_progress
+            params.progress_callback = on_progress
+        self.ptr = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        if not self.ptr:
+            raise EngineError(f"llama.cpp could not load {os.path.basename(path)}",
+                              details=recent_log())
+        self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.adapters: dict[str, ctypes.c_void_p] = {}
+        self.adapter_users: dict[str, int] = {}
+        self.size_bytes = int(llama_cpp.llama_model_size(self.ptr))
+
+    # -------------------------------------------------------------- vocabulary
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        raw = text.encode("utf-8")
+        capacity = len(raw) + 16
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, capacity, add_special,
+                                     parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, capacity,
+                                         add_special, parse_special)
+        if n < 0:
+            raise EngineError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+        return buf.raw[: max(n, 0)]
+
+    def token_text(self, token: int) -> bytes:
+        """The token's text including special tokens (for the template's BOS/EOS)."""
+        buf = ctypes.create_string_buffer(128)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 128, 0, True)
+        return buf.raw[: max(n, 0)]
+
+    def is_end(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    # -------------------------------------------------------------- adapters
+
+    def acquire_adapter(self, adapter: AdapterFile) -> ctypes.c_void_p:
+        """Load an adapter (once per digest) and count a user of it."""
+        if adapter.sha256 not in self.adapters:
+            ptr = llama_cpp.llama_adapter_lora_init(self.ptr, adapter.path.encode())
+            if not ptr:  # a NULL pointer, never None
+                raise EngineError(f"llama.cpp rejected adapter {adapter.name}",
+                                  details=recent_log())
+            self.adapters[adapter.sha256] = ptr
+            self.adapter_users[adapter.sha256] = 0
+        self.adapter_users[adapter.sha256] += 1
+        return self.adapters[adapter.sha256]
+
+    def release_adapter(self, sha256: str) -> None:
+        self.adapter_users[sha256] -= 1
+        if self.adapter_users[sha256] <= 0:
+            llama_cpp.llama_adapter_lora_free(self.adapters.pop(sha256))
+            del self.adapter_users[sha256]
+
+    def close(self) -> None:
+        # Adapters first: the model frees still-attached adapters itself, so freeing
+        # them after the model would be a double free.
+        for ptr in self.adapters.values():
+            llama_cpp.llama_adapter_lora_free(ptr)
+        self.adapters.clear()
+        self.adapter_users.clear()
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+class LlamaContext:
+    """One session: a context over a resident model, with a fixed adapter set."""
+
+    def __init__(self, model: LlamaModel, adapters: tuple[AdapterFile, ...], n_ctx: int,
+                 n_batch: int, n_threads: int) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.cancelled: Callable[[], bool] = lambda: False
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = 1
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.no_perf = True
+
+        @llama_cpp.ggml_abort_callback
+        def should_abort(user: ctypes.c_void_p) -> bool:
+            return bool(self.cancelled())
+
+        self._abort_cb = should_abort
+        params.abort_callback = should_abort
+        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
+        if not self.ptr:
+            raise EngineError("llama.cpp could not create a context", details=recent_log())
+        self.memory = llama_cpp.llama_get_memory(self.ptr)
+        self.adapter_shas: list[str] = []
+        try:
+            if adapters:
+                ptrs = []
+                for adapter in adapters:
+                    ptrs.append(model.acquire_adapter(adapter))
+                    self.adapter_shas.append(adapter.sha256)
+                array = (llama_cpp.llama_adapter_lora_p_ctypes * len(ptrs))(*ptrs)
+                scales = (ctypes.c_float * len(ptrs))(*[a.scale for a in adapters])
+                rc = llama_cpp.llama_set_adapters_lora(self.ptr, array, len(ptrs), scales)
+                if rc != 0:
+                    raise EngineError(f"llama.cpp refused the adapter set (code {rc})",
+                                      details=recent_log())
+        except BaseException:
+            self.close()
+            raise
+        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self.tokens: list[int] = []  # what the KV cache holds, in order (sequence 0)
+
+    def _logits(self, index: int) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def _decode(self, tokens: list[int], want_all: bool) -> list[np.ndarray]:
+        """Append `tokens` to the cache; logits for every position or only the last."""
+        out: list[np.ndarray] = []
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise EngineError(f"context full: {len(self.tokens) + len(tokens)} tokens do not "
+                              f"fit in n_ctx={self.n_ctx}")
+        for start in range(0, len(tokens), self.n_batch):
+            if self.cancelled():
+                raise Cancelled("cancelled")
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            b = self.batch
+            for i, token in enumerate(chunk):
+                b.token[i] = token
+                b.pos[i] = len(self.tokens) + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = want_all or (last_chunk and i == len(chunk) - 1)
+            b.n_tokens = len(chunk)
+            rc = llama_cpp.llama_decode(self.ptr, b)
+            if rc != 0:
+                # An aborted or failed batch leaves the cache in an unknown state.
+                self.reset()
+                if self.cancelled():
+                    raise Cancelled("cancelled")
+                raise EngineError(f"llama_decode failed (code {rc})", details=recent_log())
+            self.tokens.extend(chunk)
+            if want_all:
+                out.extend(self._logits(i) for i in range(len(chunk)))
+            elif last_chunk:
+                out.append(self._logits(len(chunk) - 1))
+        return out
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+        self.tokens = []
+
+    def _keep(self, n: int) -> None:
+        """Keep only the first `n` cached tokens."""
+        if n < len(self.tokens):
+            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1):
+                self.reset()
+                return
+            self.tokens = self.tokens[:n]
+
+    def prefill(self, prompt: list[int]) -> np.ndarray:
+        """Logits after `prompt`, decoded from an empty cache in one pass.
+
+        Reusing a cached prefix would be faster, but llama.cpp's numerics depend on
+        the batch a token was decoded in, so a warm and a cold run of the same prompt
+        could pick different greedy tokens. Same prompt, same identity: same text.
+        """
+        if not prompt:
+            raise EngineError("empty prompt")
+        self.reset()
+        return self._decode(prompt, want_all=False)[-1]
+
+    def step(self, token: int) -> np.ndarray:
+        return self._decode([token], want_all=False)[-1]
+
+    def score(self, prompt: list[int], continuation: list[int]) -> list[np.ndarray]:
+        """Logits predicting each token of `continuation` after `prompt` (teacher forcing)."""
+        if not continuation:
+            return []
+        self._keep(min(len(prompt) - 1, _common(self.tokens, prompt)))
+        feed = prompt[len(self.tokens):] + continuation[:-1]
+        rows = self._decode(feed, want_all=True)
+        return rows[len(rows) - len(continuation):]
+
+    def state_bytes(self) -> int:
+        return int(llama_cpp.llama_state_get_size(self.ptr))
+
+    def close(self) -> None:
+        if getattr(self, "batch", None) is not None:
+            llama_cpp.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ptr:
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+        for sha in self.adapter_shas:
+            self.model.release_adapter(sha)
+        self.adapter_shas = []
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def system_info() -> str:
+    init_runtime()
+    return llama_cpp.llama_print_system_info().decode("utf-8", "replace")

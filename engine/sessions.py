@@ -1,0 +1,363 @@
+"""Sessions keyed by identity, and the generate / compare loops.
+
+Runs only on the engine thread of the engine process. One resident model per base
+file; any number of sessions (contexts) over it, each with its own adapter set and KV
+cache, looked up by identity key, so warm state is reused only for an identical
+identity. The number of live contexts is bounded; the least recently used closes
+first. Before anything native touches a file, its digest is checked against the
+spec and adapters are validated against the base in Python.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine import artifacts, digest, validation
+from engine.artifacts import AdapterInfo, BaseModelInfo
+from engine.errors import Cancelled, EngineError, RefusedError
+from engine.llama_backend import LlamaContext, LlamaModel, recent_log
+from engine.sampling import Sampler, Sampling, StopMatcher, log_softmax
+from engine.spec import SessionSpec
+from engine.templates import Message, plain_prompt, render
+
+Emit = Callable[..., None]
+CancelCheck = Callable[[], bool]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What to generate from: raw text, or chat messages rendered by the template."""
+
+    text: str | None = None
+    messages: tuple[Message, ...] = ()
+    chat: bool = False
+    system: str | None = None
+
+    @staticmethod
+    def from_dict(data: dict) -> Prompt:
+        return Prompt(data.get("text"),
+                      tuple(Message(m["role"], m["content"]) for m in data.get("messages", [])),
+                      bool(data.get("chat")), data.get("system"))
+
+
+@dataclass
+class OpenSession:
+    spec: SessionSpec
+    context: LlamaContext
+    opened_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.time)
+    generations: int = 0
+
+
+@dataclass
+class Resident:
+    model: LlamaModel
+    info: BaseModelInfo
+    last_used: float = field(default_factory=time.time)
+
+
+@dataclass
+class SideState:
+    """One side of a generation: its session, sampler and output so far."""
+
+    name: str
+    session: OpenSession
+    sampler: Sampler
+    stops: StopMatcher
+    prompt: list[int]
+    logits: np.ndarray | None = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish: str | None = None
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    decode_seconds: float = 0.0
+
+
+class SessionManager:
+    def __init__(self, max_sessions: int = 3, max_bases: int = 2,
+                 n_threads: int | None = None, n_batch: int = 512) -> None:
+        self.max_sessions = max_sessions
+        self.max_bases = max_bases
+        self.n_threads = n_threads or max(1, os.cpu_count() or 1)
+        self.n_batch = n_batch
+        self.residents: OrderedDict[str, Resident] = OrderedDict()
+        self.sessions: OrderedDict[str, OpenSession] = OrderedDict()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def open(self, spec: SessionSpec, cancelled: CancelCheck = lambda: False,
+             progress: Callable[[str, float], None] | None = None) -> OpenSession:
+        key = spec.identity.key
+        if key in self.sessions:
+            self.sessions.move_to_end(key)
+            session = self.sessions[key]
+            session.last_used = time.time()
+            return session
+        if spec.backend != "llama":
+            raise RefusedError(f"backend {spec.backend} is not available in this engine")
+        resident = self._resident(spec, cancelled, progress)
+        self._verify_adapters(spec, resident.info)
+        while len(self.sessions) >= self.max_sessions:
+            self._close_session(next(iter(self.sessions)))
+        context = LlamaContext(resident.model, spec.adapters, spec.identity.context.n_ctx,
+                               spec.identity.context.n_batch, self.n_threads)
+        session = OpenSession(spec, context)
+        self.sessions[key] = session
+        return session
+
+    def _resident(self, spec: SessionSpec, cancelled: CancelCheck,
+                  progress: Callable[[str, float], None] | None) -> Resident:
+        sha = spec.identity.base_sha256
+        if sha in self.residents:
+            self.residents.move_to_end(sha)
+            return self.residents[sha]
+        path = Path(spec.base_path)
+        try:
+            current = digest.content_digest(
+                path, (lambda d, t: progress("verifying base", d / max(t, 1)))
+                if progress else None, cancelled)
+        except artifacts.InspectionError as exc:
+            raise RefusedError(f"base {spec.base_name}: {exc.message}") from None
+        if current != sha:
+            raise RefusedError(f"base {spec.base_name} changed on disk since it was added "
+                               f"(sha256 {current[:16]}…, recorded {sha[:16]}…); not serving it")
+        info = artifacts.inspect_path(path)
+        if not isinstance(info, BaseModelInfo) or info.format != "gguf":
+            raise RefusedError(f"base {spec.base_name}: not a GGUF base model")
+        while len(self.residents) >= self.max_bases:
+            self._drop_resident(next(iter(self.residents)))
+        model = LlamaModel(str(path), sha, (lambda f: (progress("loading model", f), True)[1]
+                                            and not cancelled()) if progress else None)
+        self.residents[sha] = Resident(model, info)
+        return self.residents[sha]
+
+    def _verify_adapters(self, spec: SessionSpec, base: BaseModelInfo) -> None:
+        """Digest re-check and full validation of every adapter, before llama.cpp sees it."""
+        for adapter in spec.adapters:
+            check = validation.check_scale(adapter.scale)
+            if check.status == validation.FAIL:
+                raise RefusedError(f"adapter {adapter.name}: {check.detail}")
+            try:
+                sha = digest.sha256_file(Path(adapter.path))
+            except artifacts.InspectionError as exc:
+                raise RefusedError(f"adapter {adapter.name}: {exc.message}") from None
+            if sha != adapter.sha256:
+                raise RefusedError(f"adapter {adapter.name} changed on disk after import "
+                                   f"(sha256 {sha[:16]}…, recorded {adapter.sha256[:16]}…); "
+                                   "not serving it")
+            info = artifacts.inspect_path(Path(adapter.path))
+            if not isinstance(info, AdapterInfo):
+                raise RefusedError(f"adapter {adapter.name}: stored file is not an adapter")
+            report = validation.check_adapter(info, base, "llama", spec.identity.base_sha256)
+            if not report.ok:
+                raise RefusedError(f"adapter {adapter.name}: {report.reason()}")
+
+    def _close_session(self, key: str) -> None:
+        session = self.sessions.pop(key)
+        session.context.close()
+
+    def _drop_resident(self, sha: str) -> None:
+        for key in [k for k, s in self.sessions.items() if s.spec.identity.base_sha256 == sha]:
+            self._close_session(key)
+        self.residents.pop(sha).model.close()
+
+    def close_all(self) -> None:
+        for key in list(self.sessions):
+            self._close_session(key)
+        for sha in list(self.residents):
+            self._drop_resident(sha)
+
+    # ------------------------------------------------------------------ prompts
+
+    def prompt_tokens(self, session: OpenSession, prompt: Prompt) -> list[int]:
+        resident = self.residents[session.spec.identity.base_sha256]
+        model, info = resident.model, resident.info
+        if prompt.chat or prompt.messages:
+            messages = list(prompt.messages) or [Message("user", prompt.text or "")]
+            system = prompt.system if prompt.system is not None else session.spec.system_prompt
+            if system and messages[0].role != "system":
+                messages.insert(0, Message("system", system))
+            if info.chat_template:
+                text = render(info.chat_template, messages,
+                              bos_token=_special(model, info.bos_token_id),
+                              eos_token=_special(model, info.eos_token_id))
+            else:
+                text = plain_prompt(messages)
+        else:
+            if not prompt.text:
+                raise RefusedError("empty prompt")
+            text = prompt.text
+        tokens = model.tokenize(text, add_special=info.add_bos, parse_special=True)
+        limit = session.context.n_ctx - 1
+        if len(tokens) >= limit:
+            raise RefusedError(f"prompt of {len(tokens)} tokens does not fit the context "
+                               f"({session.context.n_ctx})")
+        return tokens
+
+    # ------------------------------------------------------------------ generation
+
+    def _side(self, name: str, spec: SessionSpec, prompt: Prompt, sampling: Sampling,
+              cancelled: CancelCheck) -> SideState:
+        session = self.open(spec, cancelled)
+        session.context.cancelled = cancelled
+        tokens = self.prompt_tokens(session, prompt)
+        return SideState(name, session, Sampler(sampling), StopMatcher(sampling.stop), tokens)
+
+    def _advance(self, side: SideState, sampling: Sampling, emit: Emit,
+                 cancelled: CancelCheck) -> None:
+        """Choose one token for `side` and feed it back; sets `finish` when done."""
+        session = side.session
+        model = self.residents[session.spec.identity.base_sha256].model
+        start = time.perf_counter()
+        if side.logits is None:
+            side.logits = session.context.prefill(side.prompt)
+            start = time.perf_counter()
+        token = side.sampler.choose(side.logits, side.prompt + side.tokens)
+        logprob = float(log_softmax(side.logits)[token])
+        if model.is_end(token):
+            side.finish = "eos"
+            side.decode_seconds += time.perf_counter() - start
+            return
+        side.tokens.append(token)
+        side.logprobs.append(logprob)
+        piece = side.decoder.decode(model.piece(token))
+        text, hit = side.stops.feed(piece)
+        side.text += text
+        if cancelled():
+            raise Cancelled("cancelled")
+        emit("token", side=side.name, token_id=token, text=text, logprob=logprob,
+             index=len(side.tokens) - 1)
+        if hit:
+            side.finish = "stop"
+        elif len(side.tokens) >= sampling.max_tokens:
+            side.finish = "length"
+        elif len(side.prompt) + len(side.tokens) >= session.context.n_ctx:
+            side.finish = "context"
+        else:
+            side.logits = session.context.step(token)
+        side.decode_seconds += time.perf_counter() - start
+
+    def _result(self, side: SideState) -> dict[str, Any]:
+        side.text += side.stops.feed(side.decoder.decode(b"", final=True))[0]
+        if side.finish != "stop":
+            side.text += side.stops.flush()
+        spec = side.session.spec
+        side.session.generations += 1
+        tps = len(side.tokens) / side.decode_seconds if side.decode_seconds > 0 else 0.0
+        return {
+            "name": spec.name,
+            "kind": spec.kind,
+            "backend": spec.backend,
+            "text": side.text,
+            "token_ids": side.tokens,
+            "logprobs": side.logprobs,
+            "identity": spec.identity.key,
+            "identity_short": spec.identity.short,
+            "adapters": [{"name": a.name, "sha256": a.sha256, "scale": a.scale}
+                         for a in spec.adapters],
+            "prompt_tokens": len(side.prompt),
+            "finish_reason": side.finish,
+            "tokens_per_second": tps,
+        }
+
+    def generate(self, spec: SessionSpec, prompt: Prompt, sampling: Sampling, emit: Emit,
+                 cancelled: CancelCheck) -> dict[str, Any]:
+        side = self._side("main", spec, prompt, sampling, cancelled)
+        while side.finish is None:
+            self._advance(side, sampling, emit, cancelled)
+        return self._result(side)
+
+    def compare(self, spec: SessionSpec, prompt: Prompt, sampling: Sampling, emit: Emit,
+                cancelled: CancelCheck) -> dict[str, Any]:
+        """Base and variant over one copy of the weights, streamed side by side."""
+        if not spec.adapters:
+            raise RefusedError(f"{spec.name} is a base model; compare needs a variant")
+        base = self._side("base", spec.base_spec(), prompt, sampling, cancelled)
+        variant = self._side("variant", spec, prompt, sampling, cancelled)
+        while base.finish is None or variant.finish is None:
+            for side in (base, variant):
+                if side.finish is None:
+                    self._advance(side, sampling, emit, cancelled)
+        results = {"base": self._result(base), "variant": self._result(variant)}
+        results["first_divergence"] = first_divergence(base.tokens, variant.tokens)
+        results["adapter_effect"] = self._adapter_effect(base, variant)
+        return results
+
+    def _adapter_effect(self, base: SideState, variant: SideState) -> float | None:
+        """Mean |log p_base - log p_variant| over the base's tokens, teacher-forced.
+
+        Both sides are scored the same way (one batch each), so a variant that changes
+        nothing scores exactly 0 and any real adapter shows up, even when the greedy
+        text happens to agree.
+        """
+        if not base.tokens:
+            return None
+        rows_base = base.session.context.score(base.prompt, base.tokens)
+        rows_variant = variant.session.context.score(base.prompt, base.tokens)
+        diffs = [abs(log_softmax(b)[t] - log_softmax(v)[t])
+                 for b, v, t in zip(rows_base, rows_variant, base.tokens, strict=True)]
+        return float(np.mean(diffs))
+
+    # ------------------------------------------------------------------ status
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "residents": [
+                {"base": r.info.name, "path": r.model.path, "sha256": sha,
+                 "size_bytes": r.model.size_bytes,
+                 "adapters_loaded": sorted(r.model.adapters)}
+                for sha, r in self.residents.items()
+            ],
+            "sessions": [
+                {"name": s.spec.name, "kind": s.spec.kind, "identity": key,
+                 "backend": s.spec.backend, "base": s.spec.base_name,
+                 "adapters": [{"name": a.name, "sha256": a.sha256, "scale": a.scale}
+                              for a in s.spec.adapters],
+                 "n_ctx": s.context.n_ctx, "cached_tokens": len(s.context.tokens),
+                 "generations": s.generations}
+                for key, s in self.sessions.items()
+            ],
+            "memory": memory_usage(),
+            "max_sessions": self.max_sessions,
+            "n_threads": self.n_threads,
+        }
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _special(model: LlamaModel, token: int | None) -> str:
+    if token is None or not 0 <= token < model.n_vocab:
+        return ""
+    return model.token_text(token).decode("utf-8", "replace")
+
+
+def memory_usage() -> dict[str, int]:
+    values = {}
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                key, _, rest = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    values[key] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return {"rss_bytes": values.get("VmRSS", 0), "peak_rss_bytes": values.get("VmHWM", 0)}
+
+
+__all__ = ["SessionManager", "Prompt", "first_divergence", "recent_log", "EngineError"]

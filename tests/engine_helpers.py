@@ -1,0 +1,39 @@
+"""Helpers for tests that drive the real engine process on the embedded model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engine.artifacts import BaseModelInfo
+from engine.catalog import AdapterSpec, Catalog
+from engine.client import EngineClient
+from engine.defaults import DEFAULT_MODEL_NAME
+from engine.spec import resolve
+from tests import factories as f
+
+BASE = DEFAULT_MODEL_NAME
+PROMPT = {"text": "Write a short poem about the sea.", "chat": True}
+GREEDY = {"temperature": 0.0, "max_tokens": 24, "repeat_penalty": 1.0}
+
+
+def populate(catalog: Catalog, tmp: Path, base: BaseModelInfo) -> None:
+    """Adapters a (seed 1) and b (seed 2), and variants over them."""
+    catalog.ensure_initialized()
+    for name, seed in (("a", 1), ("b", 2)):
+        path = f.write_gguf_lora(tmp / f"{name}.gguf", base, seed=seed, strength=0.1)
+        catalog.add_adapter(name, BASE, path)
+    catalog.add_variant("va", BASE, [AdapterSpec("a", 1.0)])
+    catalog.add_variant("vb", BASE, [AdapterSpec("b", 1.0)])
+    catalog.add_variant("va0", BASE, [AdapterSpec("a", 0.0)])
+    catalog.add_variant("vab", BASE, [AdapterSpec("a", 0.5), AdapterSpec("b", 0.5)])
+
+
+def params(catalog: Catalog, name: str, prompt: dict | None = None, **sampling: Any
+           ) -> dict[str, Any]:
+    return {"spec": resolve(catalog, name).to_dict(), "prompt": prompt or PROMPT,
+            "sampling": {**GREEDY, **sampling}}
+
+
+def generate(client: EngineClient, catalog: Catalog, name: str, **kw: Any) -> dict[str, Any]:
+    return client.call("generate", params(catalog, name, **kw), timeout=300)

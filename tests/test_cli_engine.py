@@ -1,0 +1,46 @@
+"""`generate`, `compare` and `status` through the CLI, on the real model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine import cli
+from engine.catalog import Catalog
+from tests.engine_helpers import BASE, populate
+
+
+def test_generate_compare_and_status_json(studio_home: Path, tmp_path: Path, base_info,
+                                          capsys: pytest.CaptureFixture) -> None:
+    populate(Catalog(), tmp_path, base_info)
+    flags = ["--prompt", "Write a short poem about the sea.", "--chat", "--temperature", "0",
+             "--max-tokens", "12", "--json"]
+    assert cli.main(["generate", BASE, *flags]) == 0
+    gen = json.loads(capsys.readouterr().out)
+    assert {"text", "token_ids", "identity", "tokens_per_second"} <= set(gen)
+    assert len(gen["token_ids"]) == 12 and gen["identity"] == Catalog().identity(BASE).key
+
+    assert cli.main(["compare", "va", *flags]) == 0
+    cmp_ = json.loads(capsys.readouterr().out)
+    assert set(cmp_) == {"base", "variant", "first_divergence", "adapter_effect"}
+    assert cmp_["base"]["token_ids"] == gen["token_ids"]
+    assert cmp_["variant"]["identity"] == Catalog().identity("va").key
+    assert cmp_["adapter_effect"] > 0
+
+    assert cli.main(["generate", BASE, "--prompt", "Hi", "--max-tokens", "3"]) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() and BASE in out.err
+
+    assert cli.main(["status", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["engine"]["state"] == "running" and status["engine"]["sessions"] == []
+
+
+def test_generate_refuses_bad_sampling_and_compare_needs_a_variant(
+        studio_home: Path, capsys: pytest.CaptureFixture) -> None:
+    code = cli.main(["generate", BASE, "--prompt", "x", "--temperature", "nan"])
+    assert code == 2 and "temperature" in capsys.readouterr().err
+    code = cli.main(["compare", BASE, "--prompt", "x", "--max-tokens", "2"])
+    assert code == 3 and "compare needs a variant" in capsys.readouterr().err
