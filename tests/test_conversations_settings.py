@@ -1,0 +1,40 @@
+"""Conversations and settings persist atomically in the data directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine import conversations, settings
+from engine.conversations import ChatMessage
+from engine.errors import UsageError
+
+
+def test_conversation_round_trip_and_title(studio_home: Path) -> None:
+    conv = conversations.new("va")
+    conv = conv.with_messages((ChatMessage("user", "What is a LoRA?\nsecond line"),
+                               ChatMessage("assistant", "A low-rank adapter.", model="va",
+                                           identity="k" * 64, tokens_per_second=50.0)))
+    conversations.save(conv)
+    loaded = conversations.load(conv.id)
+    assert loaded == conv and loaded.title == "What is a LoRA?"
+    other = conversations.new("vb")
+    conversations.save(other)
+    assert [c.id for c in conversations.list_all("va")] == [conv.id]
+    conversations.delete(conv.id)
+    assert conversations.load(conv.id) is None
+
+
+def test_conversation_ids_cannot_escape_the_directory(studio_home: Path) -> None:
+    with pytest.raises(UsageError):
+        conversations.load("../../catalog")
+
+
+def test_settings_persist_and_validate(studio_home: Path) -> None:
+    assert settings.load().context_size == 4096
+    settings.update(default_model="va", threads=2)
+    assert settings.load().default_model == "va" and settings.load().threads == 2
+    with pytest.raises(UsageError):
+        settings.update(context_size=10)
+    assert settings.load().context_size == 4096
