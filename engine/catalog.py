@@ -425,14 +425,17 @@ class Catalog:
         if kind == "adapter":
             raise UsageError(f"{name!r} is an adapter; serve it through a variant")
         if kind == "model":
-            base, refs, profile = record, (), DEFAULT_PROFILE
-        else:
-            base = self.model(record["base"])
-            refs = tuple(
-                AdapterRef(a["name"], self.adapter(a["name"])["sha256"], a["scale"])
-                for a in record["adapters"]
-            )
-            profile = record["profile"]
+            return self.identity_of_parts(name, [], n_ctx or DEFAULT_PROFILE["n_ctx"])
+        specs = [AdapterSpec(a["name"], a["scale"]) for a in record["adapters"]]
+        return self.identity_of_parts(record["base"], specs,
+                                      n_ctx or int(record["profile"].get("n_ctx", 4096)))
+
+    def identity_of_parts(self, base_name: str, adapters: list[AdapterSpec],
+                          n_ctx: int) -> Identity:
+        """The identity a variant with these parts would have (nothing is saved)."""
+        base = self.model(base_name)
+        refs = tuple(AdapterRef(a.name, self.adapter(a.name)["sha256"], a.scale)
+                     for a in adapters)
         meta = base["metadata"]
         return Identity(
             backend=base["backend"],
@@ -443,7 +446,7 @@ class Catalog:
             bos_policy=f"add_bos={str(meta.get('add_bos')).lower()};"
                        f"bos={meta.get('bos_token_id')}",
             runtime=runtime_version(base["backend"]),
-            context=ContextConfig(n_ctx=n_ctx or int(profile.get("n_ctx", 4096))),
+            context=ContextConfig(n_ctx=n_ctx),
         )
 
     # ------------------------------------------------------------------ removal
