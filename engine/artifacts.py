@@ -160,6 +160,8 @@ def read_json_file(path: Path, what: str) -> Any:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise InspectionError(f"{path.name}: {what} is not valid JSON ({exc})") from None
+    except RecursionError:  # json's C decoder recurses once per nesting level
+        raise InspectionError(f"{path.name}: {what} is nested too deeply") from None
 
 
 # --------------------------------------------------------------------------- GGUF

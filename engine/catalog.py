@@ -97,9 +97,15 @@ class Catalog:
         return data
 
     def ensure_initialized(self, progress: digest.Progress | None = None) -> None:
-        """On first run, create the catalog with the embedded base as a curated entry."""
+        """On first run, create the catalog with the embedded base as a curated entry.
+
+        A catalog that does not parse is set aside here (with a notice) and a fresh
+        one is created in its place; its bytes are kept beside it.
+        """
         if self.state.path.exists():
-            return
+            self.state.load()
+            if self.state.path.exists():
+                return
         record = None
         model = defaults.embedded_model_path()
         if model is not None:

@@ -109,12 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command == "gui":
             return importlib.import_module("gui.app").main([])
         catalog = Catalog()
-        catalog.ensure_initialized()
-        handler = COMMANDS[command]
-        code = handler(catalog, args)
-        for notice in statefile.notices():
-            print(f"warning: {notice}", file=sys.stderr)
-        return code
+        try:
+            catalog.ensure_initialized()
+            return COMMANDS[command](catalog, args)
+        finally:
+            # A corrupt state file found on the way was set aside: say so, even when
+            # the command itself failed.
+            for notice in statefile.take_notices():
+                print(f"warning: {notice}", file=sys.stderr)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return Cancelled.exit_code

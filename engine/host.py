@@ -20,7 +20,7 @@ from importlib import metadata
 from typing import Any
 
 from engine import protocol
-from engine.errors import Cancelled, EngineError, StudioError
+from engine.errors import Cancelled, EngineError, RefusedError, StudioError
 
 
 @dataclass
@@ -134,13 +134,18 @@ class Host:
         if request.op == "describe":
             return self.manager().describe() if self._manager else _idle_description()
         if request.op in ("generate", "compare", "open"):
-            spec = SessionSpec.from_dict(p["spec"])
+            try:
+                spec = SessionSpec.from_dict(p["spec"])
+                sampling = Sampling.from_dict(p.get("sampling") or spec.sampling.to_dict())
+                prompt = Prompt.from_dict(p.get("prompt") or {})
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                # e.g. a non-finite scale in the identity: refused, not an internal error
+                raise RefusedError(f"malformed {request.op} request: "
+                                   f"{type(exc).__name__}: {exc}") from None
             if request.op == "open":
                 self.manager().open(spec, cancelled, lambda stage, f: emit(
                     "progress", stage=stage, fraction=f))
                 return self.manager().describe()
-            sampling = Sampling.from_dict(p.get("sampling") or spec.sampling.to_dict())
-            prompt = Prompt.from_dict(p.get("prompt") or {})
             run = self.manager().generate if request.op == "generate" else self.manager().compare
             return run(spec, prompt, sampling, emit, cancelled)
         if request.op == "close_all":
@@ -148,6 +153,8 @@ class Host:
                 self._manager.close_all()
             return {}
         if request.op == "abort" and os.environ.get("VARIANT_STUDIO_TEST_HOOKS") == "1":
+            print(f"engine: test hook: aborting on request {request.id}", file=sys.stderr,
+                  flush=True)
             os.abort()  # test hook: a native crash, as a malformed file could cause
         raise EngineError(f"unknown engine request {request.op!r}")
 

@@ -32,7 +32,10 @@ def encode(message: dict[str, Any]) -> bytes:
 
 def error_payload(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, errors.StudioError):
-        return {"type": type(exc).__name__, "message": exc.message,
+        # Subclasses the client does not know (templates.TemplateError, ...) travel as
+        # their nearest known type, so a refusal stays a RefusedError on the other side.
+        known = next(c for c in type(exc).__mro__ if ERROR_TYPES.get(c.__name__) is c)
+        return {"type": known.__name__, "message": exc.message,
                 "details": list(exc.details)}
     return {"type": "EngineError", "message": f"internal error: {type(exc).__name__}: {exc}",
             "details": []}

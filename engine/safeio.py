@@ -1,14 +1,17 @@
 """Opening untrusted files safely.
 
 A path given by a user may be a directory, a FIFO (opening it would block forever), a
-device (reading it never ends), a symlink loop, or a file that another process is
-changing. `open_regular` refuses all of those with a clear reason, and only ever
-returns a handle to a regular file whose size is known up front.
+device (reading it never ends), a symlink loop, a kernel pseudo-file in /proc or /sys
+(it claims size 0 yet has content, and some, like /proc/kmsg, block when read), or a
+file that another process is changing. `open_regular` refuses all of those with a
+clear reason, and only ever returns a handle to a regular file whose size is known up
+front.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from dataclasses import dataclass
@@ -38,14 +41,33 @@ def describe_kind(mode: int) -> str:
     return "not a regular file"
 
 
+@functools.cache
+def _pseudo_devices() -> frozenset[int]:
+    """Device numbers of the kernel's pseudo file systems (procfs, sysfs)."""
+    found = set()
+    for root in ("/proc", "/sys"):
+        try:
+            found.add(os.stat(root).st_dev)
+        except OSError:
+            pass
+    return frozenset(found)
+
+
+def _check_regular(path: Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise InspectionError(f"{path}: {describe_kind(st.st_mode)}, expected a regular file")
+    if st.st_dev in _pseudo_devices():
+        raise InspectionError(f"{path}: a kernel pseudo-file (/proc or /sys), "
+                              "expected a regular file")
+
+
 def stat_regular(path: Path) -> FileStat:
     """Stat `path` (following symlinks) and insist on a regular file."""
     try:
         st = os.stat(path)
     except OSError as exc:
         raise InspectionError(_os_reason(path, exc)) from exc
-    if not stat.S_ISREG(st.st_mode):
-        raise InspectionError(f"{path}: {describe_kind(st.st_mode)}, expected a regular file")
+    _check_regular(path, st)
     return FileStat(st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
 
 
@@ -59,8 +81,9 @@ def open_regular(path: Path) -> tuple[BinaryIO, FileStat]:
         raise InspectionError(_os_reason(path, exc)) from exc
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_ino != before.inode:
+        if st.st_ino != before.inode or st.st_dev != before.device:
             raise InspectionError(f"{path}: changed while it was being opened")
+        _check_regular(path, st)
         os.set_blocking(fd, True)
         handle = os.fdopen(fd, "rb")
     except BaseException:

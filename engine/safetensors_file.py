@@ -73,6 +73,8 @@ def read_header(path: Path) -> SafetensorsHeader:
         raise InspectionError(f"{name}: {exc.message}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise InspectionError(f"{name}: header is not valid UTF-8 JSON ({exc})") from None
+    except RecursionError:  # json's C decoder recurses once per nesting level
+        raise InspectionError(f"{name}: header JSON is nested too deeply") from None
     if not isinstance(header, dict):
         raise InspectionError(f"{name}: header is not a JSON object")
     metadata = header.pop("__metadata__", {})

@@ -26,6 +26,7 @@ import filelock
 from engine.errors import StateError
 
 _notices: list[str] = []
+_taken = 0
 _notices_lock = threading.Lock()
 
 
@@ -33,6 +34,15 @@ def notices() -> list[str]:
     """Messages about state files that were set aside, oldest first."""
     with _notices_lock:
         return list(_notices)
+
+
+def take_notices() -> list[str]:
+    """The messages not yet taken, oldest first (each is handed out once)."""
+    global _taken
+    with _notices_lock:
+        fresh = _notices[_taken:]
+        _taken = len(_notices)
+        return fresh
 
 
 def _notice(message: str) -> None:
@@ -69,7 +79,9 @@ class StateFile:
     def __init__(self, path: Path, default: Callable[[], Any]) -> None:
         self.path = path
         self._default = default
-        self._lock = filelock.FileLock(str(path) + ".lock", timeout=30)
+        # One lock object per path in this process (is_singleton), so that two
+        # StateFile objects for the same file nest instead of deadlocking.
+        self._lock = filelock.FileLock(str(path) + ".lock", timeout=30, is_singleton=True)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -92,23 +104,33 @@ class StateFile:
             if not isinstance(data, type(self._default())):
                 raise ValueError("unexpected top-level type")
             return data
-        except (ValueError, UnicodeDecodeError):
-            return self._set_aside()
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return self._set_aside(raw)
 
-    def _set_aside(self) -> Any:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
-        try:
+    def _set_aside(self, raw: bytes) -> Any:
+        with self.locked():
+            try:
+                current = self.path.read_bytes()
+            except FileNotFoundError:
+                return self._default()  # another process set it aside first
+            if current != raw:
+                return self.load()  # replaced meanwhile: judge the new content
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
             os.replace(self.path, aside)
-        except FileNotFoundError:
-            # Another process set it aside first and may have written a new one.
-            return self.load()
         _notice(f"{self.path.name} was unreadable and was set aside as {aside.name}")
         return self._default()
+
+    def _remove_stale_temps(self) -> None:
+        """Temp files left by a writer that was killed mid-write (we hold the lock)."""
+        for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):
+            with contextlib.suppress(OSError):
+                stale.unlink()
 
     def save(self, data: Any) -> None:
         with self.locked():
             write_json_atomic(self.path, data)
+            self._remove_stale_temps()
 
     def update(self, change: Callable[[Any], Any]) -> Any:
         """Apply `change` to a copy of the current state and write the result.
@@ -122,4 +144,5 @@ class StateFile:
                 raise StateError("internal: state update returned nothing")
             if new != current:
                 write_json_atomic(self.path, new)
+                self._remove_stale_temps()
             return new
