@@ -60,6 +60,7 @@ class OpenSession:
 
 @dataclass
 class Resident:
+    name: str  # the catalog name it was opened under
     model: LlamaModel
     info: BaseModelInfo
     last_used: float = field(default_factory=time.time)
@@ -138,7 +139,7 @@ class SessionManager:
             self._drop_resident(next(iter(self.residents)))
         model = LlamaModel(str(path), sha, (lambda f: (progress("loading model", f), True)[1]
                                             and not cancelled()) if progress else None)
-        self.residents[sha] = Resident(model, info)
+        self.residents[sha] = Resident(spec.base_name, model, info)
         return self.residents[sha]
 
     def _verify_adapters(self, spec: SessionSpec, base: BaseModelInfo) -> None:
@@ -314,7 +315,8 @@ class SessionManager:
         return {
             "pid": os.getpid(),
             "residents": [
-                {"base": r.info.name, "path": r.model.path, "sha256": sha,
+                {"base": r.name, "model_name": r.info.name, "path": r.model.path,
+                 "sha256": sha,
                  "size_bytes": r.model.size_bytes,
                  "adapters_loaded": sorted(r.model.adapters)}
                 for sha, r in self.residents.items()

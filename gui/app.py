@@ -2,37 +2,34 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
-from PySide6.QtWidgets import QApplication, QMainWindow, QTreeWidget, QTreeWidgetItem
+from PySide6.QtGui import QIcon
+from PySide6.QtWidgets import QApplication
 
-from engine.catalog import Catalog
-
-
-class MainWindow(QMainWindow):
-    def __init__(self, catalog: Catalog) -> None:
-        super().__init__()
-        self.setWindowTitle("Variant Studio")
-        self.tree = QTreeWidget()
-        self.tree.setHeaderLabels(["Name", "Backend", "sha256"])
-        data = catalog.data()
-        for kind, title in (("models", "Base models"), ("adapters", "Adapters"),
-                            ("variants", "Variants")):
-            section = QTreeWidgetItem([title])
-            for record in data[kind].values():
-                section.addChild(QTreeWidgetItem(
-                    [record["name"], record.get("backend", ""), record.get("sha256", "")[:12]]))
-            self.tree.addTopLevelItem(section)
-            section.setExpanded(True)
-        self.setCentralWidget(self.tree)
-        self.resize(900, 600)
+from gui import theme
 
 
 def main(argv: Sequence[str]) -> int:
+    if "VARIANT_STUDIO_HOME" not in os.environ:
+        from gui.settings_dialog import user_settings
+
+        chosen = user_settings().value("data_dir")
+        if chosen:
+            os.environ["VARIANT_STUDIO_HOME"] = str(chosen)
     app = QApplication.instance() or QApplication([sys.argv[0], *argv])
-    catalog = Catalog()
-    catalog.ensure_initialized()
-    window = MainWindow(catalog)
+    app.setApplicationName("Variant Studio")
+    app.setOrganizationName("VariantStudio")
+    app.setDesktopFileName("variant-studio")
+    icon = os.path.join(os.path.dirname(__file__), "..", "resources", "icon.svg")
+    if os.path.exists(icon):
+        app.setWindowIcon(QIcon(icon))
+
+    from gui.main_window import MainWindow
+
+    window = MainWindow()
+    theme.apply(app, window.theme)
     window.show()
     return app.exec()

@@ -1,0 +1,274 @@
+"""The variant composer: a base, an ordered list of adapters with scales, a profile.
+
+Scales are edited with a slider and a spin box kept in step and range-checked; the
+identity key preview updates live, so the user sees that order and scale make a
+different model before saving.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import validation
+from engine.catalog import DEFAULT_PROFILE, AdapterSpec, Catalog
+from engine.errors import StudioError
+
+SLIDER_STEPS = 100  # slider units per 1.0 of scale
+
+
+class AdapterRow(QWidget):
+    changed = Signal()
+    moveRequested = Signal(object, int)
+    removeRequested = Signal(object)
+
+    def __init__(self, adapters: list[str], name: str, scale: float) -> None:
+        super().__init__()
+        self.combo = QComboBox()
+        self.combo.addItems(adapters)
+        self.combo.setCurrentText(name)
+        self.slider = QSlider(Qt.Orientation.Horizontal)
+        self.slider.setRange(0, int(validation.MAX_SCALE * SLIDER_STEPS / 4))
+        self.spin = QDoubleSpinBox()
+        self.spin.setRange(0.0, validation.MAX_SCALE)
+        self.spin.setDecimals(2)
+        self.spin.setSingleStep(0.05)
+        self.spin.setValue(scale)
+        self.slider.setValue(round(scale * SLIDER_STEPS))
+        self.slider.valueChanged.connect(lambda v: self.spin.setValue(v / SLIDER_STEPS))
+        self.spin.valueChanged.connect(self._spin_changed)
+        self.combo.currentTextChanged.connect(lambda _t: self.changed.emit())
+        up, down, remove = QPushButton("↑"), QPushButton("↓"), QPushButton("✕")
+        for button, tip in ((up, "Move up"), (down, "Move down"), (remove, "Remove")):
+            button.setToolTip(tip)
+            button.setFixedWidth(30)
+        up.clicked.connect(lambda: self.moveRequested.emit(self, -1))
+        down.clicked.connect(lambda: self.moveRequested.emit(self, 1))
+        remove.clicked.connect(lambda: self.removeRequested.emit(self))
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.combo, 2)
+        layout.addWidget(self.slider, 2)
+        layout.addWidget(self.spin)
+        for button in (up, down, remove):
+            layout.addWidget(button)
+
+    def _spin_changed(self, value: float) -> None:
+        self.slider.blockSignals(True)
+        self.slider.setValue(round(value * SLIDER_STEPS))
+        self.slider.blockSignals(False)
+        self.changed.emit()
+
+    def spec(self) -> AdapterSpec:
+        return AdapterSpec(self.combo.currentText(), self.spin.value())
+
+
+class ComposerDialog(QDialog):
+    """Create or edit a variant. `saved_name` holds the result after accept()."""
+
+    def __init__(self, catalog: Catalog, editing: str | None = None,
+                 duplicate_of: str | None = None, adapter: str | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.catalog = catalog
+        self.editing = editing
+        self.saved_name: str | None = None
+        self.setWindowTitle("Edit variant" if editing else "Compose a variant")
+        self.resize(720, 620)
+        data = catalog.data()
+        source = data["variants"].get(editing or duplicate_of or "", None)
+        profile = dict(DEFAULT_PROFILE, **(source or {}).get("profile", {}))
+
+        self.name = QLineEdit(editing or (f"{duplicate_of}-copy" if duplicate_of else ""))
+        self.name.setReadOnly(editing is not None)
+        self.base = QComboBox()
+        self.base.addItems(sorted(data["models"]))
+        if source:
+            self.base.setCurrentText(source["base"])
+        elif adapter:
+            self.base.setCurrentText(data["adapters"][adapter]["base"])
+        self.base.currentTextChanged.connect(self._base_changed)
+        self.rows_box = QVBoxLayout()
+        add = QPushButton("Add adapter")
+        add.clicked.connect(lambda: self._add_row(None, 1.0))
+        adapters_group = QGroupBox("Adapters, applied in this order")
+        group_layout = QVBoxLayout(adapters_group)
+        group_layout.addLayout(self.rows_box)
+        group_layout.addWidget(add, 0, Qt.AlignmentFlag.AlignLeft)
+
+        self.system = QPlainTextEdit(profile["system_prompt"])
+        self.system.setMaximumHeight(80)
+        self.n_ctx = QSpinBox()
+        self.n_ctx.setRange(256, 131072)
+        self.n_ctx.setSingleStep(256)
+        self.n_ctx.setValue(profile["n_ctx"])
+        self.temperature = _double(0.0, 5.0, profile["temperature"])
+        self.top_p = _double(0.0, 1.0, profile["top_p"])
+        self.top_k = _int(0, 100000, profile["top_k"])
+        self.repeat = _double(0.5, 5.0, profile["repeat_penalty"])
+        self.max_tokens = _int(1, 32768, profile["max_tokens"])
+        self.seed = _int(0, 2**31 - 1, profile["seed"])
+        profile_group = QGroupBox("Profile")
+        form = QFormLayout(profile_group)
+        form.addRow("System prompt", self.system)
+        form.addRow("Context size", self.n_ctx)
+        for label, widget in (("Temperature", self.temperature), ("Top-p", self.top_p),
+                              ("Top-k", self.top_k), ("Repeat penalty", self.repeat),
+                              ("Max tokens", self.max_tokens), ("Seed", self.seed)):
+            form.addRow(label, widget)
+        self.n_ctx.valueChanged.connect(self._preview)
+
+        self.identity = QLabel()
+        self.identity.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.error = QLabel()
+        self.error.setStyleSheet("color:#d23c3c")
+        self.error.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save |
+                                   QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.save)
+        buttons.rejected.connect(self.reject)
+        self.save_button = buttons.button(QDialogButtonBox.StandardButton.Save)
+
+        top = QFormLayout()
+        top.addRow("Name", self.name)
+        top.addRow("Base model", self.base)
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(adapters_group)
+        layout.addWidget(profile_group)
+        layout.addWidget(self.identity)
+        layout.addWidget(self.error)
+        layout.addWidget(buttons)
+        self.name.textChanged.connect(self._preview)
+
+        self.rows: list[AdapterRow] = []
+        if source:
+            for a in source["adapters"]:
+                self._add_row(a["name"], a["scale"])
+        elif adapter:
+            self._add_row(adapter, data["adapters"][adapter].get("default_scale", 1.0))
+        else:
+            self._add_row(None, 1.0)
+        self._preview()
+
+    def _adapters_for_base(self) -> list[str]:
+        base = self.base.currentText()
+        return sorted(n for n, r in self.catalog.data()["adapters"].items()
+                      if r.get("base") == base)
+
+    def _add_row(self, name: str | None, scale: float) -> None:
+        options = self._adapters_for_base()
+        if not options:
+            self.error.setText("No adapter is installed for this base yet: import one first.")
+            return
+        row = AdapterRow(options, name or options[0], scale)
+        row.changed.connect(self._preview)
+        row.moveRequested.connect(self._move)
+        row.removeRequested.connect(self._remove)
+        self.rows.append(row)
+        self.rows_box.addWidget(row)
+        self._preview()
+
+    def _move(self, row: AdapterRow, delta: int) -> None:
+        i = self.rows.index(row)
+        j = max(0, min(len(self.rows) - 1, i + delta))
+        if i == j:
+            return
+        self.rows[i], self.rows[j] = self.rows[j], self.rows[i]
+        for r in self.rows:
+            self.rows_box.removeWidget(r)
+        for r in self.rows:
+            self.rows_box.addWidget(r)
+        self._preview()
+
+    def _remove(self, row: AdapterRow) -> None:
+        self.rows.remove(row)
+        row.setParent(None)
+        row.deleteLater()
+        self._preview()
+
+    def _base_changed(self, _base: str) -> None:
+        for row in list(self.rows):
+            self._remove(row)
+        self._add_row(None, 1.0)
+
+    def specs(self) -> list[AdapterSpec]:
+        return [row.spec() for row in self.rows]
+
+    def profile(self) -> dict[str, Any]:
+        return {"system_prompt": self.system.toPlainText(), "n_ctx": self.n_ctx.value(),
+                "temperature": self.temperature.value(), "top_p": self.top_p.value(),
+                "top_k": self.top_k.value(), "repeat_penalty": self.repeat.value(),
+                "max_tokens": self.max_tokens.value(), "seed": self.seed.value()}
+
+    def _preview(self) -> None:
+        try:
+            ident = self.catalog.identity_of_parts(self.base.currentText(), self.specs(),
+                                                   self.n_ctx.value())
+            self.identity.setText(f"Identity key: <code>{ident.key}</code>")
+            problem = self._problem()
+        except StudioError as exc:
+            self.identity.setText("Identity key: —")
+            problem = exc.message
+        self.error.setText(html.escape(problem or ""))
+        self.save_button.setEnabled(problem is None)
+
+    def _problem(self) -> str | None:
+        if not self.rows:
+            return "add at least one adapter"
+        names = [s.name for s in self.specs()]
+        if len(set(names)) != len(names):
+            return "the same adapter is listed twice"
+        if not self.editing and self.name.text().strip() in self._taken():
+            return f"the name {self.name.text().strip()!r} is already used"
+        return None
+
+    def _taken(self) -> set[str]:
+        data = self.catalog.data()
+        return {n for k in ("models", "adapters", "variants") for n in data[k]}
+
+    def save(self) -> None:
+        name = self.name.text().strip()
+        try:
+            self.catalog.add_variant(name, self.base.currentText(), self.specs(),
+                                     self.profile(), replace=self.editing is not None)
+        except StudioError as exc:
+            self.error.setText(html.escape(exc.message))
+            return
+        self.saved_name = name
+        self.accept()
+
+
+def _double(low: float, high: float, value: float) -> QDoubleSpinBox:
+    box = QDoubleSpinBox()
+    box.setRange(low, high)
+    box.setDecimals(2)
+    box.setSingleStep(0.05)
+    box.setValue(value)
+    return box
+
+
+def _int(low: int, high: int, value: int) -> QSpinBox:
+    box = QSpinBox()
+    box.setRange(low, high)
+    box.setValue(value)
+    return box

@@ -1,0 +1,242 @@
+"""The detail pane: provenance, compatibility checks, identity and parts of an entry.
+
+Everything shown comes from `engine.cli.show_entry` (the same data `show --json`
+prints), escaped for display: artifact metadata is untrusted text.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
+from PySide6.QtGui import QColor, QGuiApplication
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSizePolicy,
+    QTableView,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.safeio import printable
+
+STATUS_ICONS = {"pass": ("✓", "#1f9d55"), "warn": ("!", "#c07a00"), "fail": ("✗", "#d23c3c")}
+
+
+class ChecksModel(QAbstractTableModel):
+    """Rows of {name, status, detail}."""
+
+    HEADERS = ("", "Check", "Result")
+
+    def __init__(self, parent: Any = None) -> None:
+        super().__init__(parent)
+        self.rows: list[dict[str, str]] = []
+
+    def load(self, rows: list[dict[str, str]]) -> None:
+        self.beginResetModel()
+        self.rows = list(rows)
+        self.endResetModel()
+
+    def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()  # noqa: B008
+                 ) -> int:
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()  # noqa: B008
+                    ) -> int:
+        return 3
+
+    def headerData(self, section: int, orientation: Qt.Orientation,
+                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if role == Qt.ItemDataRole.DisplayRole and orientation == Qt.Orientation.Horizontal:
+            return self.HEADERS[section]
+        return None
+
+    def data(self, index: QModelIndex | QPersistentModelIndex,
+             role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid():
+            return None
+        row = self.rows[index.row()]
+        icon, color = STATUS_ICONS.get(row["status"], ("?", "#777"))
+        if index.column() == 0:
+            if role == Qt.ItemDataRole.DisplayRole:
+                return icon
+            if role == Qt.ItemDataRole.ForegroundRole:
+                return QColor(color)
+            if role == Qt.ItemDataRole.TextAlignmentRole:
+                return Qt.AlignmentFlag.AlignCenter
+            if role == Qt.ItemDataRole.UserRole:
+                return row["status"]
+        if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.ToolTipRole):
+            text = row["name"] if index.column() == 1 else row["detail"]
+            return printable(str(text), 2000)
+        return None
+
+
+def _row(label: str, value: Any, mono: bool = False) -> str:
+    text = html.escape(printable(str(value), 400)) if value is not None else "—"
+    if mono:
+        text = f"<code>{text}</code>"
+    return f"<tr><td class='k'>{html.escape(label)}</td><td>{text}</td></tr>"
+
+
+def _identity_value(key: str, value: Any) -> str:
+    if key == "adapters":
+        return "; ".join(f"{a['name']} @ {a['scale']:g} (sha256 {a['sha256'][:12]}…)"
+                         for a in value) or "none (the plain base)"
+    if key == "context":
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return str(value)
+
+
+def render_html(entry: dict[str, Any]) -> str:
+    """HTML for the provenance and identity of one `show` entry."""
+    kind = entry["kind"]
+    rows: list[str] = []
+    if kind in ("model", "adapter"):
+        rows.append(_row("sha256", entry.get("sha256"), mono=True))
+        rows.append(_row("source", entry.get("source")))
+        rows.append(_row("installed", entry.get("installed_at")))
+        rows.append(_row("status", "curated" if entry.get("curated") else "user-provided"))
+        rows.append(_row("backend / format", f"{entry.get('backend')} / {entry.get('format')}"))
+        rows.append(_row("path", entry.get("path"), mono=True))
+        size = entry.get("size")
+        if size:
+            rows.append(_row("size", f"{size / 2**20:.1f} MiB"))
+    if kind == "adapter":
+        rows.append(_row("base", entry.get("base")))
+        rows.append(_row("expected base sha256", entry.get("expected_base_sha256") or
+                         "not declared", mono=True))
+        rows.append(_row("verified", "yes: declares and matches its base's digest"
+                         if entry.get("verified") else "no: user-provided, unverified"))
+        rows.append(_row("rank / alpha", f"{entry.get('rank')} / {entry.get('alpha')}"))
+        rows.append(_row("targets", ", ".join(entry.get("targets") or [])))
+    if kind == "variant":
+        rows.append(_row("base", entry.get("base")))
+        for a in entry.get("adapters", []):
+            rows.append(_row(f"adapter {a['name']}", f"scale {a['scale']:g} · sha256 "
+                             f"{(a.get('sha256') or '?')[:16]}…"))
+        rows.append(_row("status", "curated" if entry.get("curated") else "user-provided"))
+    if entry.get("identity"):
+        rows.append(_row("identity key", entry["identity"], mono=True))
+    parts = [f"<h2>{html.escape(printable(entry['name'], 80))} "
+             f"<span class='kind'>{kind}</span></h2>",
+             "<table class='props'>" + "".join(rows) + "</table>"]
+    detail = entry.get("identity_detail")
+    if detail:
+        identity_rows = [_row(k, _identity_value(k, v)) for k, v in detail.items()
+                         if k != "key"]
+        parts.append("<h3>Identity (what makes this model this model)</h3>"
+                     "<table class='props'>" + "".join(identity_rows) + "</table>")
+    for section, title in (("profile", "Profile"), ("metadata", "Format metadata"),
+                           ("provenance", "Training provenance")):
+        value = entry.get(section)
+        if isinstance(value, dict) and value:
+            body = "".join(_row(str(k), v if not isinstance(v, dict) else
+                                ", ".join(f"{a}={b}" for a, b in v.items()))
+                           for k, v in value.items() if k != "target_shapes")
+            parts.append(f"<h3>{title}</h3><table class='props'>{body}</table>")
+    style = ("<style>h2{margin:0 0 6px 0} .kind{font-size:small;color:#888;"
+             "font-weight:normal} td.k{color:#888;padding-right:14px;white-space:nowrap}"
+             " td{padding:2px 4px;vertical-align:top} code{font-family:monospace}</style>")
+    return style + "".join(parts)
+
+
+class DetailPane(QWidget):
+    """Shows one entry; its buttons ask the window to act on it."""
+
+    chatRequested = Signal(str)
+    compareRequested = Signal(str)
+    editRequested = Signal(str)
+    duplicateRequested = Signal(str)
+    removeRequested = Signal(str)
+    defaultRequested = Signal(str)
+    newVariantRequested = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.entry: dict[str, Any] | None = None
+        self.browser = QTextBrowser()
+        self.browser.setOpenLinks(False)
+        self.checks = ChecksModel(self)
+        self.table = QTableView()
+        self.table.setModel(self.checks)
+        self.table.verticalHeader().hide()
+        self.table.setWordWrap(True)
+        self.table.setSelectionBehavior(QTableView.SelectionBehavior.SelectRows)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(2, QHeaderView.ResizeMode.Stretch)
+        self.table.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self.summary = QLabel()
+        self.summary.setWordWrap(True)
+        self.buttons: dict[str, QPushButton] = {}
+        bar = QHBoxLayout()
+        for key, label, signal in (
+            ("chat", "Chat", self.chatRequested),
+            ("compare", "Compare with base", self.compareRequested),
+            ("edit", "Edit…", self.editRequested),
+            ("duplicate", "Duplicate", self.duplicateRequested),
+            ("variant", "New variant…", self.newVariantRequested),
+            ("default", "Use as default", self.defaultRequested),
+            ("copy", "Copy identity", None),
+            ("remove", "Remove…", self.removeRequested),
+        ):
+            button = QPushButton(label)
+            if signal is not None:
+                button.clicked.connect(lambda _=False, s=signal: self._emit(s))
+            self.buttons[key] = button
+            bar.addWidget(button)
+        self.buttons["copy"].clicked.connect(self._copy_identity)
+        bar.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.addLayout(bar)
+        layout.addWidget(self.browser, 3)
+        layout.addWidget(QLabel("<b>Compatibility and integrity checks</b>"))
+        layout.addWidget(self.summary)
+        layout.addWidget(self.table, 2)
+        self.show_entry(None)
+
+    def _emit(self, signal: Signal) -> None:
+        if self.entry:
+            signal.emit(self.entry["name"])
+
+    def _copy_identity(self) -> None:
+        if self.entry and self.entry.get("identity"):
+            QGuiApplication.clipboard().setText(self.entry["identity"])
+
+    def show_entry(self, entry: dict[str, Any] | None, is_default: bool = False) -> None:
+        self.entry = entry
+        kind = entry["kind"] if entry else None
+        visible = {
+            "chat": kind in ("model", "variant"),
+            "compare": kind == "variant",
+            "edit": kind == "variant",
+            "duplicate": kind == "variant",
+            "variant": kind == "adapter",
+            "default": kind in ("model", "variant"),
+            "copy": kind in ("model", "variant"),
+            "remove": kind is not None,
+        }
+        for key, button in self.buttons.items():
+            button.setVisible(visible[key])
+        self.buttons["default"].setEnabled(not is_default)
+        self.buttons["default"].setText("Default model ✓" if is_default else "Use as default")
+        if entry is None:
+            self.browser.setHtml("<p style='color:#888'>Select a base model, adapter or "
+                                 "variant in the library.</p>")
+            self.checks.load([])
+            self.summary.setText("")
+            return
+        self.browser.setHtml(render_html(entry))
+        checks = entry.get("checks") or []
+        self.checks.load(checks)
+        counts = {s: sum(1 for c in checks if c["status"] == s) for s in STATUS_ICONS}
+        self.summary.setText(f"{counts['pass']} passed · {counts['warn']} warning(s) · "
+                             f"{counts['fail']} failed")
+        self.table.resizeRowsToContents()

@@ -1,0 +1,303 @@
+"""The adapter import wizard's Qt pages: thin views over engine.import_wizard.
+
+Navigation and every rule live in `ImportWizard` (tested without Qt); this dialog
+only shows the current step, forwards input, and runs the final import on a worker
+thread with progress and a cancel button.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QDragEnterEvent, QDropEvent
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QDialog,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QProgressBar,
+    QPushButton,
+    QStackedWidget,
+    QTableView,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.catalog import Catalog
+from engine.import_wizard import ImportWizard, Step
+from engine.safeio import printable
+from gui.detail import ChecksModel
+from gui.tasks import Task
+
+TITLES = {
+    Step.PICK: "1 · Choose an adapter",
+    Step.SUMMARY: "2 · What the file holds",
+    Step.BASE: "3 · Choose its base model",
+    Step.REPORT: "4 · Compatibility report",
+    Step.DETAILS: "5 · Name and source",
+}
+
+
+class ImportDialog(QDialog):
+    def __init__(self, catalog: Catalog, path: str | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Import adapter")
+        self.setAcceptDrops(True)
+        self.resize(680, 520)
+        self.state = ImportWizard(catalog)
+        self.result_names: dict[str, Any] = {}
+        self.task: Task | None = None
+
+        self.title = QLabel()
+        self.title.setStyleSheet("font-size:15px;font-weight:bold")
+        self.pages = QStackedWidget()
+        # PICK
+        self.path = QLineEdit()
+        self.path.setPlaceholderText("A GGUF LoRA, a .safetensors file, or a PEFT folder — "
+                                     "or drop it here")
+        self.path.editingFinished.connect(lambda: self._set_path(self.path.text()))
+        browse_file = QPushButton("Choose file…")
+        browse_file.clicked.connect(self._browse_file)
+        browse_dir = QPushButton("Choose folder…")
+        browse_dir.clicked.connect(self._browse_dir)
+        pick = QWidget()
+        pick_layout = QVBoxLayout(pick)
+        pick_layout.addWidget(QLabel("Adapters are copied into Variant Studio's store and "
+                                     "checked against a base before they can be used."))
+        row = QHBoxLayout()
+        row.addWidget(self.path, 1)
+        row.addWidget(browse_file)
+        row.addWidget(browse_dir)
+        pick_layout.addLayout(row)
+        pick_layout.addStretch(1)
+        # SUMMARY
+        self.summary = QTextBrowser()
+        # BASE
+        self.bases = QListWidget()
+        self.bases.currentItemChanged.connect(self._base_chosen)
+        # REPORT
+        self.checks = ChecksModel(self)
+        self.checks_view = QTableView()
+        self.checks_view.setModel(self.checks)
+        self.checks_view.verticalHeader().hide()
+        self.checks_view.horizontalHeader().setStretchLastSection(True)
+        self.ack = QCheckBox("I have read the warnings and want to import this adapter")
+        self.ack.toggled.connect(self._acknowledge)
+        report = QWidget()
+        report_layout = QVBoxLayout(report)
+        report_layout.addWidget(self.checks_view)
+        report_layout.addWidget(self.ack)
+        # DETAILS
+        self.name = QLineEdit()
+        self.source = QLineEdit()
+        self.source.setPlaceholderText("where it came from: a URL, a colleague, a path")
+        self.scale = QDoubleSpinBox()
+        self.scale.setRange(0.0, 10.0)
+        self.scale.setSingleStep(0.05)
+        self.scale.setValue(1.0)
+        self.make_variant = QCheckBox("Also create a variant with this adapter")
+        self.make_variant.setChecked(True)
+        self.variant_name = QLineEdit()
+        details = QWidget()
+        form = QFormLayout(details)
+        form.addRow("Adapter name", self.name)
+        form.addRow("Source", self.source)
+        form.addRow("Default scale", self.scale)
+        form.addRow(self.make_variant)
+        form.addRow("Variant name", self.variant_name)
+        for widget in (self.name, self.source, self.variant_name):
+            widget.textChanged.connect(self._details_changed)
+        self.scale.valueChanged.connect(self._details_changed)
+        self.make_variant.toggled.connect(self._details_changed)
+        for page in (pick, self.summary, self.bases, report, details):
+            self.pages.addWidget(page)
+
+        self.blocker = QLabel()
+        self.blocker.setWordWrap(True)
+        self.blocker.setStyleSheet("color:#c07a00")
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.hide()
+        self.back_button = QPushButton("Back")
+        self.next_button = QPushButton("Next")
+        self.next_button.setDefault(True)
+        self.cancel_button = QPushButton("Cancel")
+        self.back_button.clicked.connect(self.back)
+        self.next_button.clicked.connect(self.next)
+        self.cancel_button.clicked.connect(self._cancel)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.progress, 1)
+        buttons.addStretch(0)
+        for button in (self.back_button, self.next_button, self.cancel_button):
+            buttons.addWidget(button)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.title)
+        layout.addWidget(self.pages, 1)
+        layout.addWidget(self.blocker)
+        layout.addLayout(buttons)
+        if path:
+            self._set_path(path)
+        self._refresh()
+
+    # ---------------------------------------------------------------- input
+
+    def _browse_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Adapter file", "",
+                                              "Adapters (*.gguf *.safetensors);;All files (*)")
+        if path:
+            self._set_path(path)
+
+    def _browse_dir(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "PEFT adapter folder")
+        if path:
+            self._set_path(path)
+
+    def _set_path(self, path: str) -> None:
+        if not path.strip():
+            return
+        self.state.set_path(Path(path.strip()))
+        self.path.setText(path.strip())
+        self._load_state_into_pages()
+        self._refresh()
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if event.mimeData().hasUrls() and self.state.step == Step.PICK:
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        urls = event.mimeData().urls()
+        if urls:
+            self._set_path(urls[0].toLocalFile())
+
+    def _base_chosen(self, item: QListWidgetItem | None, _previous: Any) -> None:
+        if item is None or not item.flags() & Qt.ItemFlag.ItemIsEnabled:
+            return
+        self.state.choose_base(item.data(Qt.ItemDataRole.UserRole))
+        self._load_state_into_pages()
+        self._refresh()
+
+    def _acknowledge(self, checked: bool) -> None:
+        self.state.acknowledge_warnings(checked)
+        self._refresh()
+
+    def _details_changed(self) -> None:
+        self.variant_name.setEnabled(self.make_variant.isChecked())
+        self.state.set_details(self.name.text(), self.source.text(), self.scale.value(),
+                               self.make_variant.isChecked(), self.variant_name.text())
+        self._refresh()
+
+    # ---------------------------------------------------------------- views
+
+    def _load_state_into_pages(self) -> None:
+        s = self.state
+        if s.error:
+            self.summary.setHtml(f"<p style='color:#d23c3c'><b>This file cannot be imported."
+                                 f"</b><br>{html.escape(s.error)}</p>")
+        elif s.info is not None:
+            meta = s.info.summary()
+            rows = "".join(
+                f"<tr><td style='color:#888;padding-right:12px'>{html.escape(k)}</td>"
+                f"<td>{html.escape(printable(str(v), 200))}</td></tr>"
+                for k, v in meta.items() if k != "target_shapes")
+            self.summary.setHtml(f"<p><b>{html.escape(Path(s.info.path).name)}</b></p>"
+                                 f"<table>{rows}</table>")
+        self.bases.blockSignals(True)
+        self.bases.clear()
+        for choice in s.choices:
+            item = QListWidgetItem(f"{choice.name}  ({choice.backend}) — {choice.reason}")
+            item.setData(Qt.ItemDataRole.UserRole, choice.name)
+            if not choice.compatible:
+                item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled &
+                              ~Qt.ItemFlag.ItemIsSelectable)
+            self.bases.addItem(item)
+            if choice.name == s.base:
+                self.bases.setCurrentItem(item)
+        self.bases.blockSignals(False)
+        self.checks.load(s.report.to_list() if s.report else [])
+        self.checks_view.resizeColumnsToContents()
+        has_warnings = bool(s.report and s.report.ok and s.report.warnings())
+        self.ack.setVisible(has_warnings)
+        self.ack.blockSignals(True)
+        self.ack.setChecked(s.acknowledged)
+        self.ack.blockSignals(False)
+        for widget, value in ((self.name, s.name), (self.source, s.source),
+                              (self.variant_name, s.variant_name)):
+            widget.blockSignals(True)
+            widget.setText(value)
+            widget.blockSignals(False)
+
+    def _refresh(self) -> None:
+        step = self.state.step
+        self.pages.setCurrentIndex(int(step))
+        self.title.setText(TITLES[step])
+        blockers = self.state.blockers()
+        self.blocker.setText(html.escape(blockers[0]) if blockers else "")
+        busy = self.task is not None
+        self.back_button.setEnabled(step > Step.PICK and not busy)
+        self.next_button.setText("Import" if step == Step.DETAILS else "Next")
+        self.next_button.setEnabled(not blockers and not busy)
+
+    # ---------------------------------------------------------------- navigation
+
+    def next(self) -> None:
+        if self.state.step == Step.DETAILS:
+            self._finish()
+            return
+        if self.state.can_advance():
+            self.state.advance()
+            if self.state.step == Step.DETAILS:
+                self._details_changed()
+            self._refresh()
+
+    def back(self) -> None:
+        self.state.back()
+        self._refresh()
+
+    def _finish(self) -> None:
+        self.progress.setValue(0)
+        self.progress.show()
+        self.task = Task(lambda progress, cancelled: self.state.finish(progress, cancelled),
+                         self)
+        self.task.progress.connect(lambda done, total: self.progress.setValue(done))
+        self.task.succeeded.connect(self._imported)
+        self.task.failed.connect(self._import_failed)
+        self.task.cancelled.connect(self._import_cancelled)
+        self.task.start()
+        self.cancel_button.setText("Cancel import")
+        self._refresh()
+
+    def _imported(self, result: dict[str, Any]) -> None:
+        self.task = None
+        self.result_names = result
+        self.accept()
+
+    def _import_failed(self, message: str) -> None:
+        self.task = None
+        self.progress.hide()
+        self.cancel_button.setText("Cancel")
+        self._refresh()
+        self.blocker.setText(f"<span style='color:#d23c3c'>{html.escape(message)}</span>")
+
+    def _import_cancelled(self) -> None:
+        self.task = None
+        self.progress.hide()
+        self.cancel_button.setText("Cancel")
+        self._refresh()
+        self.blocker.setText("import cancelled; nothing was added")
+
+    def _cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        else:
+            self.reject()

@@ -1,0 +1,266 @@
+"""The desktop app, offscreen, on the real embedded model through the real engine.
+
+Covers the done-when list of the GUI issue: the wizard's happy path and refusals,
+the composer, chat streaming and stop, the comparison view, the recovery banner, and
+that everything survives a restart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+
+from engine import conversations, settings
+from engine.catalog import Catalog
+from engine.defaults import DEFAULT_MODEL_NAME
+from gui.main_window import MainWindow
+from tests import factories as f
+from tests.engine_helpers import populate
+
+LONG = 600_000  # ms: generous upper bounds for CI under load; never waited out normally
+
+
+@pytest.fixture
+def window(studio_home: Path, qtbot) -> MainWindow:
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    yield win
+    win.close()
+
+
+@pytest.fixture
+def populated(studio_home: Path, tmp_path: Path, base_info, qtbot) -> MainWindow:
+    populate(Catalog(), tmp_path, base_info)
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    yield win
+    win.close()
+
+
+def test_library_lists_sections_with_badges_and_search(populated: MainWindow) -> None:
+    model = populated.library.model
+    assert model.names("model") == [DEFAULT_MODEL_NAME]
+    assert model.names("adapter") == ["a", "b"]
+    assert set(model.names("variant")) == {"va", "vb", "va0", "vab"}
+    from gui.library import BadgesRole
+
+    badges = model.index_of("a").data(BadgesRole)
+    assert badges == ("llama.cpp", "user", "unverified")
+    assert model.index_of(DEFAULT_MODEL_NAME).data(BadgesRole) == ("llama.cpp", "curated")
+    populated.library.search.setText("vab")
+    proxy = populated.library.proxy
+    variants = proxy.index(2, 0)
+    assert proxy.rowCount(variants) == 1 and proxy.rowCount(proxy.index(1, 0)) == 0
+
+
+def test_detail_shows_provenance_checks_and_identity(populated: MainWindow) -> None:
+    populated.select("a")
+    entry = populated.detail.entry
+    assert entry["kind"] == "adapter" and entry["sha256"] in populated.detail.browser.toHtml()
+    checks = populated.detail.checks
+    statuses = {checks.rows[i]["name"]: checks.index(i, 0).data(Qt.ItemDataRole.UserRole)
+                for i in range(checks.rowCount())}
+    assert statuses["coverage"] == "pass" and statuses["expected base"] == "warn"
+    populated.select("vab")
+    html = populated.detail.browser.toHtml()
+    assert Catalog().identity("vab").key in html and "a @ 0.5" in html
+
+
+def test_a_changed_adapter_is_badged_as_a_problem(populated: MainWindow) -> None:
+    stored = Path(Catalog().adapter("b")["path"])
+    stored.write_bytes(stored.read_bytes()[:-8] + b"\0" * 8)
+    populated.refresh()
+    from gui.library import ProblemRole
+
+    problem = populated.library.model.index_of("b").data(ProblemRole)
+    assert problem and "changed after import" in problem
+    assert "problem" in populated.library.model.index_of("vb").data(ProblemRole)
+
+
+def test_wizard_imports_an_adapter_and_creates_a_variant(window: MainWindow, tmp_path: Path,
+                                                         base_info, qtbot) -> None:
+    source = f.write_gguf_lora(tmp_path / "poet.gguf", base_info, seed=3, strength=0.1)
+    dialog = window.import_adapter(str(source))
+    assert dialog.state.info is not None
+    dialog.next()  # summary
+    assert "poet.gguf" in dialog.summary.toHtml()
+    dialog.next()  # base
+    assert dialog.bases.item(0).flags() & Qt.ItemFlag.ItemIsEnabled
+    assert not dialog.next_button.isEnabled()
+    dialog.bases.setCurrentRow(0)
+    dialog.next()  # report
+    assert not dialog.next_button.isEnabled() and dialog.ack.isVisible()
+    dialog.ack.setChecked(True)
+    dialog.next()  # details
+    dialog.scale.setValue(0.8)
+    dialog.variant_name.setText("smol-poet")
+    with qtbot.waitSignal(dialog.finished, timeout=LONG):
+        dialog.next()  # import, on a worker thread
+    assert dialog.result_names == {"adapter": "poet", "variant": "smol-poet"}
+    assert window.library.current() == ("variant", "smol-poet")
+    assert Catalog().variant("smol-poet")["adapters"] == [{"name": "poet", "scale": 0.8}]
+
+
+@pytest.mark.parametrize("case", ["junk", "base model", "other backend", "taken name"])
+def test_wizard_refusals(window: MainWindow, tmp_path: Path, base_info, embedded_path: Path,
+                         case: str) -> None:
+    catalog_bytes = (Path(Catalog().state.path)).read_bytes()
+    if case == "junk":
+        path = tmp_path / "junk.gguf"
+        path.write_bytes(b"not a model at all")
+    elif case == "base model":
+        path = embedded_path
+    elif case == "other backend":
+        path = f.write_peft_lora(tmp_path / "peft", base_info)
+    else:
+        path = f.write_gguf_lora(tmp_path / "ok.gguf", base_info)
+    dialog = window.import_adapter(str(path))
+    dialog.next()
+    if case in ("junk", "base model"):
+        assert not dialog.next_button.isEnabled()
+        assert "cannot be imported" in dialog.summary.toHtml()
+        expected = "not a GGUF" if case == "junk" else "is a base model"
+        assert expected in dialog.blocker.text()
+    elif case == "other backend":
+        dialog.next()
+        item = dialog.bases.item(0)
+        assert not item.flags() & Qt.ItemFlag.ItemIsEnabled and "PEFT" in item.text()
+        assert not dialog.next_button.isEnabled()
+        assert "no base model" in dialog.blocker.text()
+    else:
+        dialog.next()
+        dialog.bases.setCurrentRow(0)
+        dialog.next()
+        dialog.ack.setChecked(True)
+        dialog.next()
+        dialog.name.setText(DEFAULT_MODEL_NAME)
+        assert not dialog.next_button.isEnabled() and "already used" in dialog.blocker.text()
+    dialog.reject()
+    assert Path(Catalog().state.path).read_bytes() == catalog_bytes
+
+
+def test_composer_orders_scales_and_previews_identity(populated: MainWindow) -> None:
+    dialog = populated.compose(adapter="a")
+    dialog.name.setText("mix")
+    first_key = dialog.identity.text()
+    dialog._add_row("b", 1.0)
+    dialog.rows[1].spin.setValue(0.25)
+    assert dialog.rows[1].slider.value() == 25
+    with_b = dialog.identity.text()
+    dialog._move(dialog.rows[1], -1)
+    assert [s.name for s in dialog.specs()] == ["b", "a"]
+    assert len({first_key, with_b, dialog.identity.text()}) == 3
+    dialog.rows[0].spin.setValue(99)  # range-checked
+    assert dialog.rows[0].spin.value() == 10.0
+    dialog.rows[0].spin.setValue(0.25)
+    dialog.system.setPlainText("Answer in one sentence.")
+    dialog.save()
+    record = Catalog().variant("mix")
+    assert record["adapters"] == [{"name": "b", "scale": 0.25}, {"name": "a", "scale": 1.0}]
+    assert record["profile"]["system_prompt"] == "Answer in one sentence."
+    duplicate = populated.compose(duplicate_of="mix")
+    assert duplicate.name.text() == "mix-copy"
+    duplicate.save()
+    assert Catalog().variant("mix-copy")["adapters"] == record["adapters"]
+    populated.set_default("mix")
+    assert settings.load().default_model == "mix"
+
+
+def test_chat_streams_stops_and_survives_a_restart(populated: MainWindow, qtbot) -> None:
+    chat = populated.chat
+    populated.open_chat("va")
+    chat.input.setPlainText("Write a short poem about the sea.")
+    with qtbot.waitSignal(chat.answered, timeout=LONG):
+        chat.send()
+    answer = chat.conversation.messages[-1]
+    assert answer.role == "assistant" and answer.content and answer.model == "va"
+    assert answer.identity == Catalog().identity("va").key
+    assert "va" in chat.transcript.toPlainText() and answer.identity[:12] in \
+        chat.transcript.toPlainText()
+    # Stop: no token reaches the window after the stop.
+    after_stop: list[str] = []
+    stopped = {"flag": False}
+
+    def on_tokens(request_id: str, _side: str, text: str, _toks: list) -> None:
+        if stopped["flag"]:
+            after_stop.append(text)
+        elif request_id == chat.request_id:
+            stopped["flag"] = True
+            chat.stop()
+
+    populated.client.tokens.connect(on_tokens)
+    chat.input.setPlainText("Tell me a very long story about a lighthouse keeper.")
+    with qtbot.waitSignal(populated.client.cancelled, timeout=LONG):
+        chat.send()
+    populated.client.tokens.disconnect(on_tokens)
+    assert after_stop == []
+    assert chat.conversation.messages[-1].error == "stopped"
+    conversation_id = chat.conversation.id
+    populated.close()
+    # A restart: the conversation and the catalog are still there.
+    again = MainWindow()
+    qtbot.addWidget(again)
+    assert again.library.model.names("adapter") == ["a", "b"]
+    again.open_chat("va")
+    assert again.chat.conversation.id == conversation_id
+    assert [m.role for m in again.chat.conversation.messages] == ["user", "assistant"] * 2
+    assert conversations.load(conversation_id).messages[1].identity == answer.identity
+    again.close()
+
+
+def test_compare_view_fills_both_sides_and_exports(populated: MainWindow, qtbot) -> None:
+    view = populated.compare
+    populated.open_compare("va")
+    view.prompt.setPlainText("Write a short poem about the sea.")
+    view.max_tokens.setValue(24)
+    with qtbot.waitSignal(view.busyChanged, timeout=LONG,
+                          check_params_cb=lambda busy: not busy):
+        view.run()
+    result = view.result
+    assert result is not None and view.base_side.text == result["base"]["text"]
+    assert view.variant_side.text == result["variant"]["text"] != view.base_side.text
+    div = result["first_divergence"]
+    assert div is not None and "highlighted" in view.summary.text()
+    assert "rgba(224,118,43" in view.variant_side.browser.toHtml().replace(" ", "")
+    assert f"{result['adapter_effect']:.4f}" in view.summary.text()
+    assert view.plot.base == result["base"]["logprobs"] and view.plot.divergence == div
+    exported = json.loads(view.export_text("json"))
+    assert exported["adapter_effect"] == result["adapter_effect"]
+    markdown = view.export_text("md")
+    assert result["variant"]["identity"] in markdown and "Adapter effect" in markdown
+    view.select_variant("vb")  # quick switch
+    assert view.variant.currentText() == "vb"
+
+
+def test_recovery_banner_after_the_engine_is_killed(populated: MainWindow, qtbot) -> None:
+    chat = populated.chat
+    populated.open_chat(DEFAULT_MODEL_NAME)
+    catalog_bytes = Path(Catalog().state.path).read_bytes()
+
+    def kill_on_first_tokens(request_id: str, *_args: object) -> None:
+        if request_id == chat.request_id:
+            populated.client.tokens.disconnect(kill_on_first_tokens)
+            populated.client.restart()  # kills the engine process mid-answer
+
+    populated.client.tokens.connect(kill_on_first_tokens)
+    chat.input.setPlainText("Tell me a very long story about a lighthouse keeper.")
+    with qtbot.waitSignal(populated.client.stateChanged, timeout=LONG,
+                          check_params_cb=lambda state, _d: state == "crashed"):
+        chat.send()
+    qtbot.waitUntil(lambda: chat.request_id is None, timeout=LONG)
+    assert populated.banner.isVisible() and "engine process stopped" in \
+        populated.banner.label.text()
+    failed = chat.conversation.messages[-1]
+    assert failed.error and failed.error.startswith("engine stopped")
+    assert conversations.load(chat.conversation.id).messages[0].content.startswith("Tell me")
+    assert Path(Catalog().state.path).read_bytes() == catalog_bytes
+    populated.banner.retry.click()
+    assert not populated.banner.isVisible()
+    with qtbot.waitSignal(chat.answered, timeout=LONG):
+        chat.regenerate()
+    assert chat.conversation.messages[-1].content and not chat.conversation.messages[-1].error

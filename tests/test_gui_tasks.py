@@ -1,0 +1,43 @@
+"""Background tasks: progress arrives on the GUI thread; a cancelled task never
+delivers a result."""
+
+from __future__ import annotations
+
+import threading
+
+from engine.errors import Cancelled
+from gui.tasks import Task
+
+
+def test_cancelled_task_delivers_no_result(qtbot) -> None:
+    release = threading.Event()
+
+    def work(progress, cancelled) -> str:
+        progress(1, 4)
+        release.wait(60)
+        if cancelled():
+            raise Cancelled("stop")
+        return "result"
+
+    task = Task(work)
+    results: list[object] = []
+    task.succeeded.connect(results.append)
+    with qtbot.waitSignal(task.progress, timeout=60_000) as progress:
+        task.start()
+    assert progress.args == [250, 1000]
+    with qtbot.waitSignal(task.cancelled, timeout=60_000):
+        task.cancel()
+        release.set()
+    assert task.wait(60) and results == []
+
+
+def test_failed_task_reports_the_message(qtbot) -> None:
+    from engine.errors import RefusedError
+
+    def work(progress, cancelled) -> None:
+        raise RefusedError("nope: bad adapter")
+
+    task = Task(work)
+    with qtbot.waitSignal(task.failed, timeout=60_000) as failed:
+        task.start()
+    assert failed.args == ["nope: bad adapter"]
