@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from engine import __version__, paths, statefile, validation
 from engine import catalog as catalog_mod
 from engine.catalog import AdapterSpec, Catalog
-from engine.errors import Cancelled, StudioError, UsageError
+from engine.errors import Cancelled, RefusedError, StudioError, UsageError
 
 ICONS = {"pass": "✓", "warn": "!", "fail": "✗"}
 
@@ -88,7 +88,38 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true")
     doctor = sub.add_parser("doctor", help="check the installation and every catalog entry")
     doctor.add_argument("--json", action="store_true")
+    _train_parser(sub)
     return parser
+
+
+def _train_parser(sub: Any) -> None:
+    train = sub.add_parser("train", help="train a LoRA adapter through the GGUF file you "
+                           "serve (needs the [train] extra)")
+    train.add_argument("name", help="name of the new adapter")
+    train.add_argument("--base", required=True, help="a GGUF base model in the catalog")
+    train.add_argument("--data", required=True, type=Path, help="JSONL training data")
+    train.add_argument("--steps", type=int)
+    train.add_argument("--rank", type=int)
+    train.add_argument("--alpha", type=float)
+    train.add_argument("--lr", type=float, help="learning rate")
+    train.add_argument("--targets", help="projections to adapt, e.g. q,v (default)")
+    train.add_argument("--seq-len", type=int, dest="seq_len")
+    train.add_argument("--batch", type=int)
+    train.add_argument("--seed", type=int)
+    train.add_argument("--threads", type=int, help="CPU threads (part of the recorded "
+                       "configuration: results are reproducible per thread count)")
+    train.add_argument("--train-eot", action="store_true", dest="train_eot",
+                       help="also train the end-of-turn token so answers learn to stop")
+    train.add_argument("--init-adapter", dest="init_adapter", metavar="ADAPTER",
+                       help="continue training this adapter")
+    train.add_argument("--save-every", type=int, dest="save_every", metavar="N",
+                       help="write a checkpoint every N steps")
+    train.add_argument("--resume", type=Path, metavar="CHECKPOINT",
+                       help="resume a stopped run from its checkpoint")
+    train.add_argument("--dpo", action="store_true", help="preference training (DPO)")
+    train.add_argument("--dpo-beta", type=float, dest="dpo_beta")
+    train.add_argument("--variant", help="also create this variant (base + the adapter)")
+    train.add_argument("--json", action="store_true")
 
 
 def _generation_flags(parser: argparse.ArgumentParser) -> None:
@@ -471,6 +502,78 @@ def cmd_compare(catalog: Catalog, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
+    from engine.training import ENABLE_HINT, torch_available
+    from engine.training.client import TrainingJob
+    from engine.training.job import TrainRequest, prepare
+
+    if not torch_available():
+        raise RefusedError(ENABLE_HINT)
+    settings: dict[str, Any] = {}
+    for key in ("steps", "rank", "alpha", "lr", "targets", "seq_len", "batch", "seed",
+                "save_every", "dpo_beta", "threads"):
+        value = getattr(args, key)
+        if value is not None:
+            settings[key] = value
+    for flag in ("train_eot", "dpo"):
+        if getattr(args, flag):
+            settings[flag] = True
+    request = TrainRequest(name=args.name, base=args.base, data=str(args.data),
+                           settings=settings, init_adapter=args.init_adapter,
+                           resume=str(args.resume) if args.resume else None,
+                           variant=args.variant)
+    prepared = prepare(catalog, request)  # refuse a bad request before starting anything
+    quiet = bool(args.json)
+
+    def on_event(event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "warning":
+            print(f"warning: {event['message']}", file=sys.stderr)
+        elif quiet:
+            return
+        elif kind == "stage":
+            print(f"{event['stage']}…", file=sys.stderr)
+        elif kind == "data":
+            print(f"data: {event['examples']} examples, {event['target_tokens']} target "
+                  f"tokens ({', '.join(event['kinds'])}), sha256 {event['sha256'][:16]}…",
+                  file=sys.stderr)
+        elif kind == "resumed":
+            print(f"resumed at step {event['step']}/{event['steps']}", file=sys.stderr)
+        elif kind == "progress":
+            extra = (f" reward-acc {event['reward_accuracy']:.2f}"
+                     if "reward_accuracy" in event else "")
+            print(f"step {event['step']}/{event['steps']} loss {event['loss']:.4f} "
+                  f"lr {event['lr']:.2e}{extra} ({event['seconds']:.0f} s, "
+                  f"eta {event['eta']:.0f} s)", file=sys.stderr)
+        elif kind == "checkpoint":
+            print(f"checkpoint at step {event['step']}: {event['path']}", file=sys.stderr)
+        elif kind == "stopped" and event.get("checkpoint"):
+            print(f"stopped at step {event['step']}; resume with --resume "
+                  f"{event['checkpoint']}", file=sys.stderr)
+
+    job = TrainingJob(prepared.request, on_event).start()
+    try:
+        result = job.wait()
+    except KeyboardInterrupt:
+        job.cancel()
+        job.done.wait(60)
+        raise
+    record = result["provenance"]
+    if args.json:
+        _emit_json(result)
+        return 0
+    files = result["files"]
+    print(f"trained adapter {result['adapter']} in {record['steps']} steps "
+          f"({record['time']['train_seconds']:.0f} s), loss {record['loss']['first']:.4f} "
+          f"→ {record['loss']['last']:.4f}")
+    print(f"  GGUF (llama.cpp): sha256 {files['gguf']['sha256']}")
+    print(f"  PEFT (OpenVINO):  sha256 {files['peft']['sha256']}")
+    print(f"  run directory: {result['run_dir']} (provenance.json beside the adapter)")
+    if result.get("variant"):
+        print(f"  variant {result['variant']} = {args.base} + {result['adapter']}")
+    return 0
+
+
 COMMANDS = {
     "model": cmd_model,
     "adapter": cmd_adapter,
@@ -482,6 +585,7 @@ COMMANDS = {
     "compare": cmd_compare,
     "status": cmd_status,
     "doctor": cmd_doctor,
+    "train": cmd_train,
 }
 
 

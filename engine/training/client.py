@@ -1,0 +1,165 @@
+"""Starting and watching a training worker, with no Qt and no torch.
+
+`TrainingJob` runs `python -m engine.training.worker` in its own process (so serving
+and the window stay responsive, and a native crash cannot take them down), delivers
+its events to a callback on a reader thread, and guarantees that every job ends
+exactly once: finished, failed or cancelled. If the worker dies, the job fails with
+the last lines of its log. The CLI uses it directly; the GUI wraps it in Qt signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import IO, Any
+
+from engine import protocol
+from engine.errors import Cancelled, EngineError, StudioError
+from engine.training.job import TrainRequest
+
+EventCallback = Callable[[dict[str, Any]], None]
+
+
+class TrainingJob:
+    def __init__(self, request: TrainRequest, on_event: EventCallback | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.request = request
+        self.on_event = on_event
+        self._env = env
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: deque[str] = deque(maxlen=200)
+        self.done = threading.Event()
+        self.outcome: str | None = None  # finished | failed | cancelled
+        self.result: dict[str, Any] | None = None
+        self.error: StudioError | None = None
+        self.cancel_requested = False
+        self.pid: int | None = None
+
+    def start(self) -> TrainingJob:
+        env = dict(os.environ if self._env is None else self._env)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine.training.worker"], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0,
+            start_new_session=True)
+        self._proc = proc
+        self.pid = proc.pid
+        threading.Thread(target=self._read_log, args=(proc.stderr,), daemon=True,
+                         name="train-log").start()
+        threading.Thread(target=self._read_events, args=(proc,), daemon=True,
+                         name="train-events").start()
+        self._write(self.request.to_dict())
+        return self
+
+    def _write(self, message: dict[str, Any]) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None:
+            return
+        try:
+            proc.stdin.write(protocol.encode(message))
+            proc.stdin.flush()
+        except OSError:
+            pass  # the reader sees the exit and fails the job
+
+    def _read_log(self, stream: IO[bytes]) -> None:
+        for raw in stream:
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                self._log.append(line)
+
+    def _read_events(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            try:
+                message = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                self._dispatch(message)
+        code = proc.wait()
+        if not self.done.is_set():
+            tail = tuple(list(self._log)[-8:])
+            reason = (f"killed by signal {-code}" if code < 0 else f"exited with code {code}")
+            self._end("failed", None, EngineError(f"training worker stopped: {reason}",
+                                                  details=tail))
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        event = message.get("event")
+        if event == "finished":
+            self._end("finished", message.get("result"), None)
+        elif event == "failed":
+            self._end("failed", None, protocol.error_from_payload(message.get("error") or {}))
+        elif event == "cancelled":
+            self._end("cancelled", None, None)
+        elif not self.done.is_set():
+            self._deliver(message)
+
+    def _end(self, outcome: str, result: Any, error: StudioError | None) -> None:
+        with self._lock:
+            if self.done.is_set():
+                return
+            if self.cancel_requested and outcome == "failed":
+                outcome, error = "cancelled", None
+            self.outcome, self.result, self.error = outcome, result, error
+        message: dict[str, Any] = {"event": outcome}
+        if result is not None:
+            message["result"] = result
+        if error is not None:
+            message["error"] = protocol.error_payload(error)
+        self._deliver(message)
+        self.done.set()
+        proc = self._proc
+        if proc is not None and proc.stdin is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(message)
+            except Exception:  # a failing callback must not kill the reader
+                import traceback
+
+                traceback.print_exc()
+
+    def cancel(self) -> None:
+        """Ask the worker to stop; it ends with `cancelled` after the current layer."""
+        with self._lock:
+            if self.done.is_set():
+                return
+            self.cancel_requested = True
+        self._write({"op": "cancel"})
+
+    def wait(self, timeout: float | None = None) -> dict[str, Any]:
+        """Block until the job ends; the result, or its error raised."""
+        if not self.done.wait(timeout):
+            raise EngineError(f"training did not finish within {timeout} s")
+        proc = self._proc
+        if proc is not None:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.outcome == "finished":
+            assert self.result is not None
+            return self.result
+        if self.outcome == "cancelled":
+            raise Cancelled("training cancelled")
+        assert self.error is not None
+        raise self.error
+
+    def kill(self) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+
+    def log_tail(self, count: int = 20) -> list[str]:
+        return list(self._log)[-count:]

@@ -1,0 +1,121 @@
+"""What a training run is: its configuration, checked, as a frozen value.
+
+A `TrainConfig` crosses the process boundary as a plain dict and is recorded in full
+in the adapter's provenance record; the same config, data, base and code write the
+same adapter bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from engine import naming
+from engine.errors import UsageError
+
+DEFAULT_TARGETS = ("attn_q", "attn_v")
+# Pinned so that the numbers do not depend on which vector unit a CPU offers:
+# PyTorch's own kernels use AVX2 code, MKL its AVX2 code path (conditional numerical
+# reproducibility). Recorded in every provenance record.
+DETERMINISM_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every setting that changes the adapter's bytes (plus `save_every`, which does not)."""
+
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+    rank: int = 8
+    alpha: float = 16.0
+    lr: float = 1e-3
+    steps: int = 100
+    batch: int = 4
+    seq_len: int = 256
+    seed: int = 0
+    train_eot: bool = False
+    dpo: bool = False
+    dpo_beta: float = 0.1
+    warmup: int = -1  # -1: min(10, steps // 10)
+    grad_clip: float = 1.0
+    threads: int = 2
+    save_every: int = 0  # 0: no intermediate checkpoints
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, message: str) -> None:
+            if not ok:
+                raise UsageError(message)
+
+        check(isinstance(self.targets, tuple) and len(self.targets) > 0,
+              "targets: give at least one (q, k, v, o, gate, up, down)")
+        for target in self.targets:
+            check(target in naming.ROLES, f"unknown target {target!r}")
+        check(len(set(self.targets)) == len(self.targets), "targets are listed twice")
+        _int(self.rank, "rank", 1, 256)
+        _num(self.alpha, "alpha", 1e-6, 1e6)
+        _num(self.lr, "learning rate", 1e-9, 1.0)
+        _int(self.steps, "steps", 1, 1_000_000)
+        _int(self.batch, "batch", 1, 4096)
+        _int(self.seq_len, "seq-len", 8, 32768)
+        _int(self.seed, "seed", 0, 2**32 - 1)
+        _num(self.dpo_beta, "dpo-beta", 1e-6, 1e3)
+        _int(self.warmup, "warmup", -1, 1_000_000)
+        _num(self.grad_clip, "grad-clip", 0.0, 1e6, allow_zero=True)
+        _int(self.threads, "threads", 1, 1024)
+        _int(self.save_every, "save-every", 0, 1_000_000)
+        check(isinstance(self.train_eot, bool) and isinstance(self.dpo, bool),
+              "train_eot and dpo are true or false")
+
+    @property
+    def warmup_steps(self) -> int:
+        return min(10, self.steps // 10) if self.warmup < 0 else min(self.warmup, self.steps)
+
+    @property
+    def scale(self) -> float:
+        """LoRA multiplier, as llama.cpp and PEFT apply it: alpha / rank."""
+        return self.alpha / self.rank
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for `step` (0-based): linear warm-up, then linear decay to 0."""
+        warm = self.warmup_steps
+        if step < warm:
+            return self.lr * (step + 1) / (warm + 1)
+        remaining = self.steps - warm
+        return self.lr * max(0.0, (self.steps - step) / max(remaining, 1))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["targets"] = list(self.targets)
+        return out
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(TrainConfig)}
+        unknown = set(data) - known
+        if unknown:
+            raise UsageError(f"unknown training settings: {', '.join(sorted(unknown))}")
+        values = dict(data)
+        if "targets" in values:
+            targets = values["targets"]
+            if isinstance(targets, str):
+                targets = naming.parse_targets(targets)
+            values["targets"] = tuple(targets)
+        return TrainConfig(**values)
+
+    def output_affecting(self) -> dict[str, Any]:
+        """The settings a resumed run must share with its checkpoint."""
+        out = self.to_dict()
+        out.pop("save_every")
+        return out
+
+
+def _int(value: Any, name: str, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UsageError(f"{name} must be a whole number from {low} to {high}, got {value!r}")
+
+
+def _num(value: Any, name: str, low: float, high: float, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UsageError(f"{name} must be a finite number, got {value!r}")
+    if not (low <= value <= high or (allow_zero and value == 0)):
+        raise UsageError(f"{name} must be between {low:g} and {high:g}, got {value!r}")

@@ -1,0 +1,363 @@
+"""Training data: JSONL lines checked one by one, then tokenized with the model's own
+tokenizer into sequences with a loss mask.
+
+Accepted lines (one JSON object each; blank lines are skipped):
+
+- `{"text": ...}`: every token is trained.
+- `{"prompt": ..., "completion": ...}`: raw text; the prompt is masked from the loss.
+- `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered with the model's
+  chat template exactly as serving renders it; assistant turns are trained.
+- Preference pairs for DPO: `{"prompt": ... | "messages": [...], "chosen": ...,
+  "rejected": ...}`.
+
+Every line may carry `"weight"` (a finite number, negative allowed, default 1) and
+the bookkeeping keys `id`, `meta`, `source`. Anything else is refused, with the line
+number, so a typo never trains silently on the wrong field. With `train_eot` the
+end-of-turn token after each trained answer is a target too, so answers learn to stop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import RefusedError
+from engine.safeio import open_regular
+from engine.templates import ROLES, Message, TemplateError
+
+MAX_DATA_BYTES = 1 << 30
+MAX_REPORTED = 8
+EXTRA_KEYS = frozenset({"id", "meta", "source"})
+# The memorisation warning: fewer examples than this, or more passes than this.
+SMALL_EXAMPLES = 32
+MANY_EPOCHS = 8.0
+
+
+class DataError(RefusedError):
+    """The data file has malformed lines; the message lists them with line numbers."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One checked line, before tokenization."""
+
+    line: int
+    kind: str  # text | pair | chat | preference
+    weight: float
+    text: str | None = None
+    prompt: str | None = None
+    completion: str | None = None
+    messages: tuple[Message, ...] = ()
+    chosen: str | None = None
+    rejected: str | None = None
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """Token ids and, per position, whether that token is a training target."""
+
+    tokens: tuple[int, ...]
+    targets: tuple[bool, ...]
+
+    @property
+    def n_targets(self) -> int:
+        return sum(self.targets)
+
+
+@dataclass(frozen=True)
+class Example:
+    """One line, tokenized: one sequence, or (chosen, rejected) for DPO."""
+
+    line: int
+    weight: float
+    sequences: tuple[Sequence, ...]
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class DataSet:
+    path: str
+    sha256: str
+    examples: tuple[Example, ...]
+    kinds: tuple[str, ...]
+    warnings: tuple[str, ...]
+    system_prompt: str | None = None  # the system message every chat example shares
+
+    @property
+    def n_target_tokens(self) -> int:
+        return sum(s.n_targets for e in self.examples for s in e.sequences)
+
+    def summary(self) -> dict[str, Any]:
+        return {"file": Path(self.path).name, "sha256": self.sha256,
+                "examples": len(self.examples), "kinds": list(self.kinds),
+                "target_tokens": self.n_target_tokens,
+                "tokens": sum(len(s.tokens) for e in self.examples for s in e.sequences),
+                "truncated": sum(e.truncated for e in self.examples)}
+
+
+# ---------------------------------------------------------------------------- parsing
+
+
+def read_records(path: Path, dpo: bool) -> tuple[list[Record], str]:
+    """Parse and check every line; returns the records and the file's sha256."""
+    handle, st = open_regular(Path(path))
+    with handle:
+        if st.size > MAX_DATA_BYTES:
+            raise DataError(f"{Path(path).name}: {st.size} bytes is more than the "
+                            f"{MAX_DATA_BYTES >> 20} MiB limit")
+        raw = handle.read(MAX_DATA_BYTES + 1)
+    sha = hashlib.sha256(raw).hexdigest()
+    records: list[Record] = []
+    problems: list[str] = []
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(_parse_line(line, number, dpo))
+        except DataError as exc:
+            problems.append(exc.message)
+    name = Path(path).name
+    if problems:
+        more = len(problems) - MAX_REPORTED
+        shown = "; ".join(problems[:MAX_REPORTED]) + (f"; and {more} more" if more > 0 else "")
+        raise DataError(f"{name}: {len(problems)} malformed line"
+                        f"{'s' if len(problems) != 1 else ''}: {shown}",
+                        details=tuple(problems))
+    if not records:
+        raise DataError(f"{name}: no examples (the file is empty)")
+    return records, sha
+
+
+def _parse_line(raw: bytes, number: int, dpo: bool) -> Record:
+    def fail(reason: str) -> DataError:
+        return DataError(f"line {number}: {reason}")
+
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise fail("not valid UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise fail(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+    if not isinstance(value, dict):
+        raise fail(f"expected a JSON object, got {type(value).__name__}")
+    weight = value.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(
+            weight):
+        raise fail(f"weight must be a finite number, got {weight!r}")
+    keys = set(value) - EXTRA_KEYS - {"weight"}
+
+    def text(key: str, allow_empty: bool = False) -> str:
+        item = value[key]
+        if not isinstance(item, str):
+            raise fail(f"{key} must be a string, got {type(item).__name__}")
+        if not allow_empty and not item.strip():
+            raise fail(f"{key} is empty")
+        return item
+
+    def messages(require_assistant: bool) -> tuple[Message, ...]:
+        items = value["messages"]
+        if not isinstance(items, list) or not items:
+            raise fail("messages must be a non-empty list")
+        out = []
+        for i, item in enumerate(items):
+            if (not isinstance(item, dict) or set(item) - {"role", "content"}
+                    or not isinstance(item.get("role"), str)
+                    or not isinstance(item.get("content"), str)):
+                raise fail(f"message {i} must be an object with string role and content")
+            if item["role"] not in ROLES:
+                raise fail(f"message {i} has unknown role {item['role']!r} "
+                           f"(use {', '.join(ROLES)})")
+            out.append(Message(item["role"], item["content"]))
+        if require_assistant:
+            if not any(m.role == "assistant" for m in out):
+                raise fail("messages have no assistant turn to train on")
+            if out[0].role == "assistant":
+                raise fail("messages start with an assistant turn (nothing to answer)")
+            if any(not m.content.strip() for m in out if m.role == "assistant"):
+                raise fail("an assistant turn is empty")
+        elif out[-1].role == "assistant":
+            raise fail("preference messages must end before the answer (the answers are "
+                       "chosen and rejected)")
+        return tuple(out)
+
+    preference = {"chosen", "rejected"} & keys
+    if preference:
+        if not dpo:
+            raise fail("chosen/rejected is preference data: train it with --dpo")
+        if keys not in ({"prompt", "chosen", "rejected"}, {"messages", "chosen", "rejected"}):
+            raise fail(f"a preference line has prompt or messages, chosen and rejected; "
+                       f"got {', '.join(sorted(keys))}")
+        chosen, rejected = text("chosen"), text("rejected")
+        if chosen == rejected:
+            raise fail("chosen and rejected are the same text")
+        if "prompt" in keys:
+            return Record(number, "preference", float(weight), prompt=text("prompt"),
+                          chosen=chosen, rejected=rejected)
+        return Record(number, "preference", float(weight), messages=messages(False),
+                      chosen=chosen, rejected=rejected)
+    if dpo:
+        raise fail("--dpo needs preference lines: prompt or messages, chosen, rejected")
+    if keys == {"text"}:
+        return Record(number, "text", float(weight), text=text("text"))
+    if keys == {"prompt", "completion"}:
+        return Record(number, "pair", float(weight), prompt=text("prompt", allow_empty=True),
+                      completion=text("completion"))
+    if keys == {"messages"}:
+        return Record(number, "chat", float(weight), messages=messages(True))
+    found = ", ".join(sorted(keys)) or "nothing"
+    raise fail(f"expected text, prompt+completion, messages, or chosen+rejected; found {found}")
+
+
+# ---------------------------------------------------------------------------- tokenizing
+
+
+def encode(records: list[Record], tokenizer: Any, seq_len: int, train_eot: bool
+           ) -> list[Example]:
+    """Tokenize checked records; problems are reported with their line numbers."""
+    examples: list[Example] = []
+    problems: list[str] = []
+    for record in records:
+        try:
+            examples.append(_encode(record, tokenizer, seq_len, train_eot))
+        except DataError as exc:
+            problems.append(exc.message)
+        except TemplateError as exc:
+            problems.append(f"line {record.line}: {exc.message}")
+    if problems:
+        more = len(problems) - MAX_REPORTED
+        raise DataError(f"{len(problems)} example{'s' if len(problems) != 1 else ''} cannot "
+                        "be trained: " + "; ".join(problems[:MAX_REPORTED])
+                        + (f"; and {more} more" if more > 0 else ""), details=tuple(problems))
+    return examples
+
+
+def _encode(record: Record, tok: Any, seq_len: int, train_eot: bool) -> Example:
+    def fail(reason: str) -> DataError:
+        return DataError(f"line {record.line}: {reason}")
+
+    pieces: list[list[tuple[list[int], bool]]]
+    if record.kind == "text":
+        tokens = tok.prompt_tokens(record.text)
+        pieces = [[(tokens[:1], False), (tokens[1:], True)]]
+    elif record.kind == "pair":
+        pieces = [_completion(tok, tok.prompt_tokens(record.prompt) if record.prompt else [],
+                              record.completion, train_eot, record.line)]
+    elif record.kind == "chat":
+        pieces = [_chat(tok, list(record.messages), train_eot, record.line)]
+    else:
+        pieces = []
+        for answer in (record.chosen, record.rejected):
+            if record.messages:
+                pieces.append(_chat(tok, [*record.messages, Message("assistant", answer)],
+                                    train_eot, record.line))
+            else:
+                pieces.append(_completion(tok, tok.prompt_tokens(record.prompt), answer,
+                                          train_eot, record.line))
+    sequences = []
+    truncated = False
+    for parts in pieces:
+        tokens, targets = [], []
+        for ids, trained in parts:
+            tokens += ids
+            targets += [trained] * len(ids)
+        if targets and targets[0]:
+            targets[0] = False  # the first token has nothing before it to predict it
+        if len(tokens) > seq_len:
+            truncated = True
+            tokens, targets = tokens[:seq_len], targets[:seq_len]
+        if not any(targets):
+            if truncated:
+                raise fail(f"nothing left to train after truncating to seq-len {seq_len}")
+            raise fail("no tokens to train on")
+        sequences.append(Sequence(tuple(tokens), tuple(targets)))
+    return Example(record.line, record.weight, tuple(sequences), truncated)
+
+
+def _completion(tok: Any, prompt: list[int], completion: str, train_eot: bool, line: int
+                ) -> list[tuple[list[int], bool]]:
+    parts = [(prompt, False), (tok.tokenize(completion), True)]
+    if train_eot:
+        eos = tok.info.eos_token_id
+        if eos is None or not tok.is_end(eos):
+            raise DataError(f"line {line}: --train-eot: this model declares no "
+                            "end-of-generation token")
+        parts.append(([eos], True))
+    return parts
+
+
+def _chat(tok: Any, messages: list[Message], train_eot: bool, line: int
+          ) -> list[tuple[list[int], bool]]:
+    """Segments of a conversation; each assistant answer (and its end of turn) trained."""
+
+    def fail(reason: str) -> DataError:
+        return DataError(f"line {line}: {reason}")
+
+    parts: list[tuple[list[int], bool]] = []
+    covered = ""
+    for index, message in enumerate(messages):
+        if message.role != "assistant":
+            continue
+        prefix = tok.render(messages[:index], add_generation_prompt=True)
+        if not prefix.startswith(covered):
+            raise fail("the chat template does not render turns incrementally; "
+                       "use prompt/completion data instead")
+        if covered:
+            parts.append((tok.tokenize(prefix[len(covered):], parse_special=True), False))
+        else:
+            parts.append((tok.prompt_tokens(prefix), False))
+        full = tok.render(messages[:index + 1], add_generation_prompt=False)
+        tail = full[len(prefix):] if full.startswith(prefix) else None
+        if tail is None or not tail.startswith(message.content):
+            raise fail("the chat template changes the assistant's text; use "
+                       "prompt/completion data instead")
+        parts.append((tok.tokenize(message.content), True))
+        rest = tok.tokenize(tail[len(message.content):], parse_special=True)
+        if train_eot:
+            if not rest or not tok.is_end(rest[0]):
+                raise fail("--train-eot: the chat template puts no end-of-turn token "
+                           "after the answer")
+            parts.append((rest[:1], True))
+            rest = rest[1:]
+        parts.append((rest, False))
+        covered = full
+    return parts
+
+
+# ---------------------------------------------------------------------------- the whole file
+
+
+def load(path: Path, tokenizer: Any, seq_len: int, train_eot: bool, dpo: bool,
+         steps: int, batch: int) -> DataSet:
+    records, sha = read_records(path, dpo)
+    examples = encode(records, tokenizer, seq_len, train_eot)
+    kinds = tuple(sorted({r.kind for r in records}))
+    systems = {r.messages[0].content if r.messages and r.messages[0].role == "system"
+               else None for r in records}
+    system = systems.pop() if len(systems) == 1 else None
+    return DataSet(str(path), sha, tuple(examples), kinds,
+                   tuple(warnings_for(examples, steps, batch, seq_len)), system)
+
+
+def warnings_for(examples: list[Example], steps: int, batch: int, seq_len: int) -> list[str]:
+    """Warnings shown before the first step (small data, truncation, negative weights)."""
+    out = []
+    n = len(examples)
+    epochs = steps * batch / max(n, 1)
+    if n < SMALL_EXAMPLES or epochs > MANY_EPOCHS:
+        out.append(f"small data: {n} example{'s' if n != 1 else ''}, each seen about "
+                   f"{epochs:.1f} times in {steps} steps of {batch}; the adapter is likely "
+                   "to memorise them rather than learn the task (add examples, use fewer "
+                   "steps, and hold some out to check)")
+    cut = sum(e.truncated for e in examples)
+    if cut:
+        out.append(f"{cut} example{'s were' if cut != 1 else ' was'} truncated to seq-len "
+                   f"{seq_len} tokens")
+    negative = sum(e.weight < 0 for e in examples)
+    if negative:
+        out.append(f"{negative} example{'s have' if negative != 1 else ' has'} a negative "
+                   "weight: their likelihood is pushed down")
+    return out

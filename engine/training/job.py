@@ -1,0 +1,293 @@
+"""One training run from request to catalog entry, with no torch at import time.
+
+`prepare` runs in the caller (CLI or GUI) and refuses a bad request before any
+process starts; `execute` runs in the training worker: it verifies the base, reads
+and tokenizes the data, trains (importing torch only then), writes the GGUF adapter,
+its PEFT export and the provenance record, and imports the adapter (and optionally a
+variant) into the catalog.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from engine import digest, lora_io, paths
+from engine.catalog import AdapterSpec, Catalog, now_iso
+from engine.errors import Cancelled, RefusedError, UsageError
+from engine.safeio import printable
+from engine.statefile import write_json_atomic
+from engine.training import ENABLE_HINT, provenance, torch_available
+from engine.training import data as data_mod
+from engine.training.config import DETERMINISM_ENV, TrainConfig
+
+Emit = Callable[..., None]
+ADAPTER_FILE = "adapter.gguf"
+PEFT_DIR = "peft"
+PROVENANCE_FILE = "provenance.json"
+CHECKPOINT_FILE = "checkpoint.safetensors"
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """What to train. `settings` holds only the values the user gave; the rest come
+    from the starting adapter (rank, alpha, targets) or the defaults."""
+
+    name: str
+    base: str
+    data: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    init_adapter: str | None = None
+    resume: str | None = None
+    variant: str | None = None
+    run_dir: str | None = None
+    register: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "base": self.base, "data": self.data,
+                "settings": dict(self.settings), "init_adapter": self.init_adapter,
+                "resume": self.resume, "variant": self.variant, "run_dir": self.run_dir,
+                "register": self.register}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> TrainRequest:
+        known = {"name", "base", "data", "settings", "init_adapter", "resume", "variant",
+                 "run_dir", "register"}
+        if not isinstance(data, dict) or set(data) - known:
+            raise UsageError("malformed training request")
+        return TrainRequest(**data)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    request: TrainRequest
+    config: TrainConfig
+    base_record: dict[str, Any]
+    init_record: dict[str, Any] | None
+    run_dir: Path
+
+
+def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
+    """Check a request against the catalog and resolve its configuration."""
+    paths.check_name(request.name, "adapter name")
+    if request.register:
+        _check_free(catalog, request.name)
+    if request.variant:
+        paths.check_name(request.variant, "variant name")
+        if not request.register:
+            raise UsageError("a variant needs the adapter in the catalog")
+        if request.variant == request.name:
+            raise UsageError("the variant needs a name of its own")
+        _check_free(catalog, request.variant)
+    base = catalog.model(request.base)
+    if base["backend"] != "llama" or base["format"] != "gguf":
+        raise RefusedError(f"{request.base} is an {base['backend']} model; training goes "
+                           "through a GGUF base served by llama.cpp")
+    data_path = Path(request.data).expanduser()
+    if not data_path.is_file():
+        raise UsageError(f"data file {printable(str(data_path))} does not exist")
+    init = None
+    settings = dict(request.settings)
+    if request.init_adapter:
+        init = catalog.adapter(request.init_adapter)
+        if init["format"] != "gguf":
+            raise RefusedError(f"{request.init_adapter} is a {init['format']} adapter; "
+                               "continue a GGUF adapter")
+        if init["base_sha256"] != base["sha256"]:
+            raise RefusedError(f"{request.init_adapter} belongs to base {init['base']}, "
+                               f"not {request.base}")
+        meta = init["metadata"]
+        inherited = {"rank": meta.get("rank"), "alpha": meta.get("alpha"),
+                     "targets": list(meta.get("targets") or [])}
+        for key, value in inherited.items():
+            if key in settings and _normal(key, settings[key]) != _normal(key, value):
+                raise UsageError(f"--{key} {settings[key]} differs from the starting "
+                                 f"adapter's {value}; leave it out to continue the adapter")
+            settings[key] = value
+    config = TrainConfig.from_dict(settings)
+    if request.resume:
+        checkpoint = Path(request.resume).expanduser()
+        if not checkpoint.is_file():
+            raise UsageError(f"checkpoint {printable(str(checkpoint))} does not exist")
+        run_dir = checkpoint.parent
+    elif request.run_dir:
+        run_dir = Path(request.run_dir)
+    else:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        run_dir = paths.data_dir() / "training" / f"{request.name}-{stamp}"
+    return Prepared(replace(request, data=str(data_path.absolute()), settings=settings),
+                    config, base, init, run_dir)
+
+
+def _normal(key: str, value: Any) -> Any:
+    if key == "targets":
+        from engine import naming
+
+        text = value if isinstance(value, str) else ",".join(value)
+        return naming.parse_targets(text)
+    return float(value)
+
+
+def _check_free(catalog: Catalog, name: str) -> None:
+    data = catalog.data()
+    for kind in ("models", "adapters", "variants"):
+        if name in data[kind]:
+            raise UsageError(f"the name {name!r} is already used by a {kind[:-1]}")
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) -> dict[str, Any]:
+    """Train, write the adapter files and the record, and import them (worker side)."""
+    catalog = Catalog()
+    prepared = prepare(catalog, request)
+    request, config = prepared.request, prepared.config
+    base = prepared.base_record
+    started_at = now_iso()
+    clock = time.monotonic()
+    emit("stage", stage="verifying the base model")
+    status = catalog.verify_base(base["name"], cancelled=cancelled)
+    if not status.ok:
+        raise RefusedError(f"base {base['name']}: {status.detail}")
+    info = catalog.base_info(base)
+    model_path = Path(base["path"])
+
+    init_weights = None
+    init_sha = None
+    if prepared.init_record is not None:
+        report = catalog.recheck_adapter(prepared.init_record["name"])
+        if not report.ok:
+            raise RefusedError(f"starting adapter {prepared.init_record['name']}: "
+                               f"{report.reason()}")
+        init_sha = prepared.init_record["sha256"]
+        init_weights = lora_io.read_gguf(Path(prepared.init_record["path"]))
+
+    emit("stage", stage="reading the data")
+    from engine.training.tokenizer import Tokenizer
+
+    with Tokenizer(model_path, info) as tokenizer:
+        data = data_mod.load(Path(request.data), tokenizer, config.seq_len, config.train_eot,
+                             config.dpo, config.steps, config.batch)
+    emit("data", **data.summary())
+    for warning in data.warnings:
+        emit("warning", message=warning)
+    if cancelled():
+        raise Cancelled("training cancelled before the first step")
+
+    if not torch_available():
+        raise RefusedError(ENABLE_HINT)
+    from engine.training import trainer as trainer_mod
+    from engine.training.model import LlamaTorch
+
+    trainer_mod.set_determinism(config.threads)
+    emit("stage", stage="loading the base weights")
+    shown = [-1]
+
+    def loading(done: int, total: int) -> None:
+        percent = done * 20 // total * 5
+        if percent != shown[0]:
+            shown[0] = percent
+            emit("load", fraction=percent / 100)
+        if cancelled():
+            raise Cancelled("training cancelled while loading the base weights")
+
+    model = LlamaTorch(model_path, loading)
+    trainer = trainer_mod.Trainer(model, config, data, base["sha256"], init_weights, init_sha)
+    run_dir = prepared.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    checkpoint = run_dir / CHECKPOINT_FILE
+    resumed = None
+    if request.resume:
+        trainer.load_checkpoint(Path(request.resume))
+        resumed = {"checkpoint": Path(request.resume).name, "step": trainer.step}
+        emit("resumed", step=trainer.step, steps=config.steps)
+    emit("stage", stage="training")
+    train_clock = time.monotonic()
+    try:
+        trainer.run(emit, cancelled, checkpoint)
+    except Cancelled:
+        emit("stopped", step=trainer.step,
+             checkpoint=str(checkpoint) if checkpoint.exists() else None)
+        raise
+    train_seconds = time.monotonic() - train_clock
+    # The weights were read from the file we verified; make sure it has not changed since.
+    if not catalog.verify_base(base["name"]).ok:
+        raise RefusedError(f"base {base['name']} changed on disk during training")
+
+    emit("stage", stage="writing the adapter")
+    weights = trainer.weights(info.name)
+    files = write_adapter_files(run_dir, weights, info.head_count, info.head_count_kv)
+    record = {
+        "format": provenance.FORMAT,
+        "adapter_sha256": files["gguf"]["sha256"],
+        "adapter_files": files,
+        "base_sha256": base["sha256"],
+        "base": {"name": base["name"], "file": model_path.name, "model_name": info.name,
+                 "sha256": base["sha256"]},
+        "data_sha256": data.sha256,
+        "data": {**data.summary(), "path": str(Path(request.data))},
+        "seed": config.seed,
+        "config": config.to_dict(),
+        "init_adapter": None if prepared.init_record is None else {
+            "name": prepared.init_record["name"], "sha256": init_sha,
+            "source": prepared.init_record.get("source")},
+        "resumed_from": resumed,
+        "versions": provenance.versions(),
+        "platform": provenance.platform_info(),
+        "determinism": {"threads": config.threads, "deterministic_algorithms": True,
+                        "env": {k: os.environ.get(k) for k in DETERMINISM_ENV}},
+        "steps": trainer.step,
+        "time": {"started": started_at, "finished": now_iso(),
+                 "train_seconds": round(train_seconds, 3),
+                 "total_seconds": round(time.monotonic() - clock, 3)},
+        "loss": provenance.loss_summary(trainer.losses),
+        "method": "dpo" if config.dpo else "sft",
+        "trainer": "variant-studio: LoRA through the GGUF file's own quantized tensors, "
+                   "dequantized in memory; tokens from llama.cpp",
+    }
+    write_json_atomic(run_dir / PROVENANCE_FILE, record)
+    write_json_atomic(run_dir / PEFT_DIR / PROVENANCE_FILE, record)
+    result: dict[str, Any] = {"adapter": None, "variant": None, "run_dir": str(run_dir),
+                              "files": files, "provenance": record,
+                              "system_prompt": data.system_prompt}
+    if request.register:
+        emit("stage", stage="importing into the catalog")
+        adapter = catalog.add_adapter(
+            request.name, base["name"], run_dir / ADAPTER_FILE,
+            source=f"trained by variant-studio (run {run_dir.name})", strict=True,
+            provenance=record)
+        result["adapter"] = adapter["name"]
+        result["openvino"] = {"imported": False, "peft": files["peft"]["file"],
+                              "reason": "no OpenVINO base for this model is in the catalog; "
+                                        "the PEFT export is in the run directory"}
+        if request.variant:
+            profile = {"system_prompt": data.system_prompt} if data.system_prompt else None
+            catalog.add_variant(request.variant, base["name"],
+                                [AdapterSpec(request.name, 1.0)], profile)
+            result["variant"] = request.variant
+    return result
+
+
+def write_adapter_files(run_dir: Path, weights: lora_io.LoraWeights, n_head: int,
+                        n_head_kv: int) -> dict[str, Any]:
+    """The GGUF adapter (llama.cpp order) and its PEFT export (Hugging Face order)."""
+    target = run_dir / ADAPTER_FILE
+    tmp = run_dir / f".{ADAPTER_FILE}.tmp"
+    lora_io.write_gguf(tmp, weights)
+    os.replace(tmp, target)
+    peft_dir = run_dir / PEFT_DIR
+    peft_weights = lora_io.write_peft(peft_dir, lora_io.gguf_to_peft(weights, n_head,
+                                                                      n_head_kv))
+    return {
+        "gguf": {"file": ADAPTER_FILE, "sha256": digest.hash_uncached(target)[0],
+                 "size": target.stat().st_size},
+        "peft": {"file": f"{PEFT_DIR}/{peft_weights.name}",
+                 "sha256": digest.hash_uncached(peft_weights)[0],
+                 "config_sha256": digest.hash_uncached(peft_dir / "adapter_config.json")[0],
+                 "size": peft_weights.stat().st_size},
+    }

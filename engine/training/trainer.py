@@ -1,0 +1,322 @@
+"""The training loop: LoRA on the frozen, dequantized GGUF weights, reproducibly.
+
+Torch-only: run inside the training worker process.
+
+Reproducibility: the LoRA initialisation comes from a generator seeded with the
+config's seed; the example order of every epoch is a numpy permutation seeded with
+(seed, epoch); the thread count is fixed by the config; PyTorch runs with
+deterministic algorithms; the optimiser (Adam, written out here so its state is
+plain tensors) and the learning-rate schedule depend only on the step. So the same
+data, config, base and code give the same adapter bytes, and a run resumed from a
+checkpoint ends exactly where an uninterrupted one does.
+
+Loss: supervised runs minimise sum(weight * NLL of each target token) / (number of
+target tokens in the batch); a negative weight pushes an example's likelihood down.
+DPO runs minimise -weight * log sigmoid(beta * ((log pi(chosen) - log ref(chosen)) -
+(log pi(rejected) - log ref(rejected)))), averaged over the pairs, where the reference
+is the same model with the adapter switched off, so no second copy is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine import lora_io, naming
+from engine.errors import Cancelled, RefusedError
+from engine.training.config import TrainConfig
+from engine.training.data import DataSet, Sequence
+from engine.training.model import LlamaTorch
+
+ADAM_BETAS = (0.9, 0.999)
+ADAM_EPS = 1e-8
+CHECKPOINT_FORMAT = "variant-studio-lora-checkpoint/1"
+Emit = Callable[..., None]
+
+
+def set_determinism(threads: int) -> None:
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+
+
+class Trainer:
+    """Owns the LoRA parameters, the optimiser state and the step counter."""
+
+    def __init__(self, model: LlamaTorch, config: TrainConfig, data: DataSet,
+                 base_sha256: str, init: lora_io.LoraWeights | None = None,
+                 init_sha256: str | None = None) -> None:
+        self.model = model
+        self.config = config
+        self.data = data
+        self.base_sha256 = base_sha256
+        self.init_sha256 = init_sha256
+        self.step = 0
+        self.losses: list[float] = []
+        self._perms: dict[int, np.ndarray] = {}
+        self._reference: dict[int, tuple[float, float]] = {}
+        hyper = model.hyper
+        self.modules = [f"model.layers.{i}.{naming.ROLES[role]}"
+                        for i in range(hyper.n_layer) for role in config.targets]
+        generator = torch.Generator().manual_seed(config.seed)
+        for module in self.modules:
+            out_f, in_f = model.shape_of(module)
+            if init is not None:
+                if module not in init.layers:
+                    raise RefusedError(f"the starting adapter has no {module}")
+                a_np, b_np = init.layers[module]
+                if a_np.shape != (config.rank, in_f) or b_np.shape != (out_f, config.rank):
+                    raise RefusedError(f"the starting adapter's {module} has shapes "
+                                       f"{a_np.shape} / {b_np.shape}, expected "
+                                       f"{(config.rank, in_f)} / {(out_f, config.rank)}")
+                a = torch.from_numpy(np.array(a_np, dtype=np.float32))
+                b = torch.from_numpy(np.array(b_np, dtype=np.float32))
+            else:
+                # PEFT's default: A uniform in +-1/sqrt(in) (kaiming, a=sqrt(5)), B zero.
+                bound = 1.0 / math.sqrt(in_f)
+                a = (torch.rand(config.rank, in_f, generator=generator) * 2 - 1) * bound
+                b = torch.zeros(out_f, config.rank)
+            model.add_lora(module, a, b)
+        if init is not None:
+            extra = set(init.layers) - set(self.modules)
+            if extra:
+                raise RefusedError(f"the starting adapter also adapts {sorted(extra)[0]}; "
+                                   "train the same targets it has")
+        model.set_lora_scale(config.scale)
+        self.params = [p for _, p in sorted(model.loras.named_parameters())]
+        self.names = [n for n, _ in sorted(model.loras.named_parameters())]
+        self.adam_m = [torch.zeros_like(p) for p in self.params]
+        self.adam_v = [torch.zeros_like(p) for p in self.params]
+
+    # ------------------------------------------------------------------ batches
+
+    def batch_indices(self, step: int) -> list[int]:
+        n = len(self.data.examples)
+        out = []
+        for j in range(self.config.batch):
+            epoch, position = divmod(step * self.config.batch + j, n)
+            if epoch not in self._perms:
+                rng = np.random.default_rng([self.config.seed, epoch])
+                self._perms[epoch] = rng.permutation(n)
+            out.append(int(self._perms[epoch][position]))
+        return out
+
+    # ------------------------------------------------------------------ scoring
+
+    def _target_logps(self, sequences: list[Sequence]) -> list[torch.Tensor]:
+        """Per sequence: the log-probabilities of its target tokens (in order)."""
+        length = max(len(s.tokens) for s in sequences)
+        ids = torch.zeros(len(sequences), length, dtype=torch.long)
+        rows, cols, targets, sizes = [], [], [], []
+        for i, seq in enumerate(sequences):
+            ids[i, :len(seq.tokens)] = torch.tensor(seq.tokens, dtype=torch.long)
+            count = 0
+            for t, trained in enumerate(seq.targets):
+                if trained:
+                    rows.append(i)
+                    cols.append(t - 1)
+                    targets.append(seq.tokens[t])
+                    count += 1
+            sizes.append(count)
+        hidden = self.model.hidden(ids)
+        picked = hidden[torch.tensor(rows), torch.tensor(cols)]
+        logp = torch.log_softmax(self.model.logits(picked), dim=-1)
+        chosen = logp.gather(1, torch.tensor(targets)[:, None])[:, 0]
+        return list(torch.split(chosen, sizes))
+
+    def _sft_loss(self, batch: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        examples = [self.data.examples[i] for i in batch]
+        logps = self._target_logps([e.sequences[0] for e in examples])
+        total = sum(int(x.numel()) for x in logps)
+        weighted = torch.stack([x.sum() * e.weight for x, e in zip(logps, examples,
+                                                                     strict=True)])
+        loss = -weighted.sum() / total
+        return loss, {"tokens": float(total)}
+
+    def _reference_logps(self, batch: list[int]) -> list[tuple[float, float]]:
+        """Reference scores (adapter off), computed once per example on its own, so the
+        value never depends on which batch the example first appeared in."""
+        for i in dict.fromkeys(batch):
+            if i in self._reference:
+                continue
+            self.model.lora_enabled = False
+            try:
+                with torch.no_grad():
+                    chosen, rejected = self._target_logps(list(self.data.examples[i].sequences))
+            finally:
+                self.model.lora_enabled = True
+            self._reference[i] = (float(chosen.sum()), float(rejected.sum()))
+        return [self._reference[i] for i in batch]
+
+    def _dpo_loss(self, batch: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
+        examples = [self.data.examples[i] for i in batch]
+        reference = self._reference_logps(batch)
+        sequences = [s for e in examples for s in e.sequences]
+        sums = [x.sum() for x in self._target_logps(sequences)]
+        beta = self.config.dpo_beta
+        margins = torch.stack([
+            beta * ((sums[2 * k] - ref_c) - (sums[2 * k + 1] - ref_r))
+            for k, (ref_c, ref_r) in enumerate(reference)])
+        weights = torch.tensor([e.weight for e in examples], dtype=torch.float32)
+        loss = -(weights * torch.nn.functional.logsigmoid(margins)).sum() / len(examples)
+        return loss, {"reward_accuracy": float((margins > 0).float().mean()),
+                      "reward_margin": float(margins.mean() / beta)}
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self) -> dict[str, Any]:
+        config = self.config
+        lr = config.lr_at(self.step)
+        batch = self.batch_indices(self.step)
+        for p in self.params:
+            p.grad = None
+        loss, metrics = (self._dpo_loss if config.dpo else self._sft_loss)(batch)
+        value = float(loss)
+        if not math.isfinite(value):
+            raise RefusedError(f"training diverged at step {self.step + 1} (loss {value}); "
+                               "lower the learning rate")
+        loss.backward()
+        with torch.no_grad():
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p)
+                     for p in self.params]
+            norm = float(torch.sqrt(torch.stack([(g * g).sum() for g in grads]).sum()))
+            clip = 1.0
+            if config.grad_clip and norm > config.grad_clip:
+                clip = config.grad_clip / (norm + 1e-6)
+            b1, b2 = ADAM_BETAS
+            t = self.step + 1
+            for p, g, m, v in zip(self.params, grads, self.adam_m, self.adam_v, strict=True):
+                g = g * clip
+                m.mul_(b1).add_(g, alpha=1 - b1)
+                v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                denom = (v / (1 - b2 ** t)).sqrt_().add_(ADAM_EPS)
+                p.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+        self.step += 1
+        self.losses.append(value)
+        return {"step": self.step, "loss": value, "lr": lr, "grad_norm": norm, **metrics}
+
+    # ------------------------------------------------------------------ results
+
+    def weights(self, base_name: str | None) -> lora_io.LoraWeights:
+        """The adapter in llama.cpp's row order (q/k as the GGUF stores them)."""
+        layers = {}
+        for module in self.modules:
+            lora = self.model.loras[self.model.key(module)]
+            layers[module] = (lora.a.detach().numpy().copy(), lora.b.detach().numpy().copy())
+        return lora_io.LoraWeights(float(self.config.alpha), self.config.rank, layers,
+                                   "llama", base_name, self.base_sha256)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _meta(self) -> dict[str, str]:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": str(self.step),
+            "config": json.dumps(self.config.output_affecting(), sort_keys=True),
+            "base_sha256": self.base_sha256,
+            "data_sha256": self.data.sha256,
+            "init_sha256": self.init_sha256 or "",
+            "losses": json.dumps(self.losses),
+        }
+
+    def save_checkpoint(self, path: Path) -> None:
+        """Write atomically: a crash or error mid-write keeps the previous checkpoint."""
+        from safetensors.numpy import save
+
+        tensors: dict[str, np.ndarray] = {}
+        for name, p, m, v in zip(self.names, self.params, self.adam_m, self.adam_v,
+                                 strict=True):
+            tensors[f"param.{name}"] = p.detach().numpy().copy()
+            tensors[f"adam_m.{name}"] = m.numpy().copy()
+            tensors[f"adam_v.{name}"] = v.numpy().copy()
+        blob = save(tensors, metadata=self._meta())
+        _write_atomic(path, blob)
+
+    def load_checkpoint(self, path: Path) -> None:
+        from safetensors import safe_open
+
+        from engine import safetensors_file
+
+        safetensors_file.read_header(path)  # strict structural checks first
+        with safe_open(str(path), framework="numpy") as handle:
+            meta = handle.metadata() or {}
+            if meta.get("format") != CHECKPOINT_FORMAT:
+                raise RefusedError(f"{path.name} is not a training checkpoint")
+            mine = self._meta()
+            for key, what in (("base_sha256", "base model"), ("data_sha256", "data"),
+                              ("init_sha256", "starting adapter")):
+                if meta.get(key) != mine[key]:
+                    raise RefusedError(f"checkpoint {path.name} was made with a different "
+                                       f"{what}; it cannot be resumed with this one")
+            if json.loads(meta.get("config", "{}")) != self.config.output_affecting():
+                raise RefusedError(f"checkpoint {path.name} was made with different "
+                                   "settings; resume with the same ones")
+            step = int(meta["step"])
+            losses = json.loads(meta["losses"])
+            with torch.no_grad():
+                for name, p, m, v in zip(self.names, self.params, self.adam_m, self.adam_v,
+                                         strict=True):
+                    for prefix, target in (("param", p), ("adam_m", m), ("adam_v", v)):
+                        value = handle.get_tensor(f"{prefix}.{name}")
+                        if value.shape != tuple(target.shape):
+                            raise RefusedError(f"checkpoint {path.name}: {name} has the "
+                                               "wrong shape")
+                        target.copy_(torch.from_numpy(np.array(value, dtype=np.float32)))
+        if not 0 < step <= self.config.steps or len(losses) != step:
+            raise RefusedError(f"checkpoint {path.name} is inconsistent (step {step})")
+        self.step = step
+        self.losses = [float(x) for x in losses]
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self, emit: Emit, cancelled: Callable[[], bool],
+            checkpoint: Path | None) -> None:
+        def check() -> None:
+            if cancelled():
+                raise Cancelled(f"training cancelled at step {self.step}")
+
+        self.model.check = check
+        started = time.monotonic()
+        first = self.step
+        try:
+            while self.step < self.config.steps:
+                check()
+                info = self.train_step()
+                done = self.step - first
+                elapsed = time.monotonic() - started
+                info.update(steps=self.config.steps, seconds=elapsed,
+                            eta=elapsed / done * (self.config.steps - self.step))
+                emit("progress", **info)
+                every = self.config.save_every
+                if checkpoint is not None and every and self.step % every == 0 \
+                        and self.step < self.config.steps:
+                    self.save_checkpoint(checkpoint)
+                    emit("checkpoint", step=self.step, path=str(checkpoint))
+        finally:
+            self.model.check = lambda: None
+
+
+def _write_atomic(path: Path, blob: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as handle:
+            handle.write(blob)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

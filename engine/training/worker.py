@@ -1,0 +1,92 @@
+"""The training worker process: `python -m engine.training.worker`.
+
+Protocol (JSON lines): the first line on stdin is the request (`TrainRequest` as a
+dict); later lines may be `{"op": "cancel"}`; closing stdin also cancels (the parent
+went away). On the protocol descriptor the worker writes events (`stage`, `data`,
+`warning`, `load`, `progress`, `checkpoint`, `resumed`, `stopped`) and then exactly
+one of `finished` (with `result`), `failed` (with `error`) or `cancelled`.
+
+The determinism settings are put into the environment before torch is imported, and
+fd 1 is pointed at stderr so native prints cannot corrupt the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+from engine import protocol
+from engine.errors import Cancelled, StudioError, UsageError
+
+
+class Worker:
+    def __init__(self, out_fd: int) -> None:
+        self._out = out_fd
+        self._lock = threading.Lock()
+        self.cancel = threading.Event()
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = memoryview(protocol.encode(message))
+        with self._lock:
+            while data:
+                data = data[os.write(self._out, data):]
+
+    def emit(self, event: str, **payload: Any) -> None:
+        self.send({"event": event, **payload})
+
+    def _watch_stdin(self) -> None:
+        for line in sys.stdin.buffer:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict) and message.get("op") == "cancel":
+                self.cancel.set()
+        self.cancel.set()  # stdin closed: nobody is listening any more
+
+    def run(self) -> int:
+        from engine.training.config import DETERMINISM_ENV
+        from engine.training.job import TrainRequest, execute
+
+        line = sys.stdin.buffer.readline()
+        try:
+            raw = json.loads(line)
+            request = TrainRequest.from_dict(raw)
+            threads = int((request.settings or {}).get("threads", 2))
+        except (ValueError, TypeError, StudioError) as exc:
+            error = exc if isinstance(exc, StudioError) else UsageError(
+                f"malformed training request: {exc}")
+            self.send({"event": "failed", "error": protocol.error_payload(error)})
+            return 2
+        os.environ.update(DETERMINISM_ENV)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, threads))
+        threading.Thread(target=self._watch_stdin, daemon=True, name="stdin").start()
+        self.emit("started", pid=os.getpid())
+        try:
+            result = execute(request, self.emit, self.cancel.is_set)
+        except Cancelled as exc:
+            self.send({"event": "cancelled", "message": exc.message})
+            return 0
+        except Exception as exc:
+            payload = protocol.error_payload(exc)
+            if not isinstance(exc, StudioError):
+                payload["details"] = traceback.format_exc().splitlines()[-12:]
+            self.send({"event": "failed", "error": payload})
+            return 1
+        self.send({"event": "finished", "result": result})
+        return 0
+
+
+def main() -> int:
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return Worker(out_fd).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
