@@ -183,12 +183,14 @@ class Catalog:
         curated: bool = False,
         progress: digest.Progress | None = None,
         cancelled: digest.CancelCheck | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         paths.check_name(name, "model name")
         self._check_free(name)
         file = Path(file).expanduser().absolute()
         record = self._model_record(name, file, backend, source or str(file), curated,
                                     progress, cancelled)
+        record.update(extra or {})  # e.g. how a built model was made (built_from)
 
         def insert(data: dict) -> dict:
             self._check_free(name, data)

@@ -148,6 +148,12 @@ class Host:
                 return self.manager().describe()
             run = self.manager().generate if request.op == "generate" else self.manager().compare
             return run(spec, prompt, sampling, emit, cancelled)
+        if request.op == "build_openvino_default":
+            from engine import openvino_default
+
+            return openvino_default.build_in_engine(
+                lambda stage, fraction: emit("progress", stage=stage, fraction=fraction),
+                cancelled)
         if request.op == "close_all":
             if self._manager:
                 self._manager.close_all()

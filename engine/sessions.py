@@ -80,8 +80,28 @@ class SideState:
     logprobs: list[float] = field(default_factory=list)
     text: str = ""
     finish: str | None = None
-    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    decoder: Any = None  # a text stream: feed(token) -> str, finish() -> str
     decode_seconds: float = 0.0
+
+
+class ByteStream:
+    """Text from llama.cpp's token pieces (bytes), emitted once characters are whole."""
+
+    def __init__(self, piece: Callable[[int], bytes]) -> None:
+        self.piece = piece
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, token: int) -> str:
+        return self.decoder.decode(self.piece(token))
+
+    def finish(self) -> str:
+        return self.decoder.decode(b"", final=True)
+
+
+def resident_key(spec: SessionSpec) -> str:
+    """Residents are per backend and base digest (the same file may serve both)."""
+    sha = spec.identity.base_sha256
+    return sha if spec.backend == "llama" else f"{spec.backend}:{sha}"
 
 
 class SessionManager:
@@ -104,24 +124,67 @@ class SessionManager:
             session = self.sessions[key]
             session.last_used = time.time()
             return session
-        if spec.backend != "llama":
+        if spec.backend not in ("llama", "openvino"):
             raise RefusedError(f"backend {spec.backend} is not available in this engine")
-        resident = self._resident(spec, cancelled, progress)
-        self._verify_adapters(spec, resident.info)
-        while len(self.sessions) >= self.max_sessions:
-            self._close_session(next(iter(self.sessions)))
-        context = LlamaContext(resident.model, spec.adapters, spec.identity.context.n_ctx,
-                               spec.identity.context.n_batch, self.n_threads)
+        if spec.backend == "openvino":
+            context = self._open_openvino(spec, cancelled, progress)
+        else:
+            resident = self._resident(spec, cancelled, progress)
+            self._verify_adapters(spec, resident.info)
+            while len(self.sessions) >= self.max_sessions:
+                self._close_session(next(iter(self.sessions)))
+            context = LlamaContext(resident.model, spec.adapters, spec.identity.context.n_ctx,
+                                   spec.identity.context.n_batch, self.n_threads)
         session = OpenSession(spec, context)
         self.sessions[key] = session
         return session
 
+    def _open_openvino(self, spec: SessionSpec, cancelled: CancelCheck,
+                       progress: Callable[[str, float], None] | None) -> Any:
+        """An OpenVINO session: adapters registered with the base's compiled model.
+
+        The compiled model is rebuilt only when an adapter reaches a layer that has no
+        LoRA branch yet; sessions on the old compiled model are closed then.
+        """
+        from engine import openvino_backend
+
+        key = resident_key(spec)
+        resident = self._resident(spec, cancelled, progress)
+        infos = self._verify_adapters(spec, resident.info)
+        if resident.model is None:
+            if progress:
+                progress("loading model", 0.0)
+            try:
+                model = openvino_backend.load_base(spec.base_path, spec.identity.base_sha256,
+                                                   self.n_threads)
+                loaded = tuple(model.load_adapter(a, i)
+                               for a, i in zip(spec.adapters, infos, strict=True))
+                model.register(loaded)  # the first build already has these adapters' branches
+            except BaseException:
+                self.residents.pop(key, None)
+                raise
+            resident.model = model
+        else:
+            model = resident.model
+            loaded = tuple(model.load_adapter(a, i)
+                           for a, i in zip(spec.adapters, infos, strict=True))
+            if model.needs_rebuild(loaded):
+                for other in [k for k, s in self.sessions.items() if resident_key(s.spec) == key]:
+                    self._close_session(other)
+            model.register(loaded)
+        while len(self.sessions) >= self.max_sessions:
+            self._close_session(next(iter(self.sessions)))
+        return resident.model.new_context(
+            tuple(zip(loaded, (a.scale for a in spec.adapters), strict=True)),
+            spec.identity.context.n_ctx)
+
     def _resident(self, spec: SessionSpec, cancelled: CancelCheck,
                   progress: Callable[[str, float], None] | None) -> Resident:
         sha = spec.identity.base_sha256
-        if sha in self.residents:
-            self.residents.move_to_end(sha)
-            return self.residents[sha]
+        key = resident_key(spec)
+        if key in self.residents:
+            self.residents.move_to_end(key)
+            return self.residents[key]
         path = Path(spec.base_path)
         try:
             current = digest.content_digest(
@@ -133,17 +196,23 @@ class SessionManager:
             raise RefusedError(f"base {spec.base_name} changed on disk since it was added "
                                f"(sha256 {current[:16]}…, recorded {sha[:16]}…); not serving it")
         info = artifacts.inspect_path(path)
-        if not isinstance(info, BaseModelInfo) or info.format != "gguf":
-            raise RefusedError(f"base {spec.base_name}: not a GGUF base model")
+        formats = ("gguf", "openvino") if spec.backend == "openvino" else ("gguf",)
+        if not isinstance(info, BaseModelInfo) or info.format not in formats:
+            raise RefusedError(f"base {spec.base_name}: not a base model {spec.backend} serves")
         while len(self.residents) >= self.max_bases:
             self._drop_resident(next(iter(self.residents)))
-        model = LlamaModel(str(path), sha, (lambda f: (progress("loading model", f), True)[1]
-                                            and not cancelled()) if progress else None)
-        self.residents[sha] = Resident(spec.base_name, model, info)
-        return self.residents[sha]
+        if spec.backend == "openvino":
+            model: Any = None  # loaded by _open_openvino once the adapters are known
+        else:
+            model = LlamaModel(str(path), sha, (lambda f: (progress("loading model", f),
+                                                           True)[1] and not cancelled())
+                               if progress else None)
+        self.residents[key] = Resident(spec.base_name, model, info)
+        return self.residents[key]
 
-    def _verify_adapters(self, spec: SessionSpec, base: BaseModelInfo) -> None:
-        """Digest re-check and full validation of every adapter, before llama.cpp sees it."""
+    def _verify_adapters(self, spec: SessionSpec, base: BaseModelInfo) -> list[AdapterInfo]:
+        """Digest re-check and full validation of every adapter, before a runtime sees it."""
+        infos = []
         for adapter in spec.adapters:
             check = validation.check_scale(adapter.scale)
             if check.status == validation.FAIL:
@@ -156,32 +225,42 @@ class SessionManager:
                 raise RefusedError(f"adapter {adapter.name} changed on disk after import "
                                    f"(sha256 {sha[:16]}…, recorded {adapter.sha256[:16]}…); "
                                    "not serving it")
+            config = Path(adapter.path).with_name("adapter_config.json")
+            if adapter.config_sha256 and (not config.is_file() or digest.sha256_file(
+                    config) != adapter.config_sha256):
+                raise RefusedError(f"adapter {adapter.name}: adapter_config.json changed on "
+                                   "disk after import; not serving it")
             info = artifacts.inspect_path(Path(adapter.path))
             if not isinstance(info, AdapterInfo):
                 raise RefusedError(f"adapter {adapter.name}: stored file is not an adapter")
-            report = validation.check_adapter(info, base, "llama", spec.identity.base_sha256)
+            report = validation.check_adapter(info, base, spec.backend,
+                                              spec.identity.base_sha256)
             if not report.ok:
                 raise RefusedError(f"adapter {adapter.name}: {report.reason()}")
+            infos.append(info)
+        return infos
 
     def _close_session(self, key: str) -> None:
         session = self.sessions.pop(key)
         session.context.close()
 
-    def _drop_resident(self, sha: str) -> None:
-        for key in [k for k, s in self.sessions.items() if s.spec.identity.base_sha256 == sha]:
-            self._close_session(key)
-        self.residents.pop(sha).model.close()
+    def _drop_resident(self, key: str) -> None:
+        for session in [k for k, s in self.sessions.items() if resident_key(s.spec) == key]:
+            self._close_session(session)
+        model = self.residents.pop(key).model
+        if model is not None:
+            model.close()
 
     def close_all(self) -> None:
         for key in list(self.sessions):
             self._close_session(key)
-        for sha in list(self.residents):
-            self._drop_resident(sha)
+        for key in list(self.residents):
+            self._drop_resident(key)
 
     # ------------------------------------------------------------------ prompts
 
     def prompt_tokens(self, session: OpenSession, prompt: Prompt) -> list[int]:
-        resident = self.residents[session.spec.identity.base_sha256]
+        resident = self.residents[resident_key(session.spec)]
         model, info = resident.model, resident.info
         if prompt.chat or prompt.messages:
             messages = list(prompt.messages) or [Message("user", prompt.text or "")]
@@ -212,13 +291,16 @@ class SessionManager:
         session = self.open(spec, cancelled)
         session.context.cancelled = cancelled
         tokens = self.prompt_tokens(session, prompt)
-        return SideState(name, session, Sampler(sampling), StopMatcher(sampling.stop), tokens)
+        model = self.residents[resident_key(session.spec)].model
+        stream = model.text_stream() if hasattr(model, "text_stream") else ByteStream(model.piece)
+        return SideState(name, session, Sampler(sampling), StopMatcher(sampling.stop), tokens,
+                         decoder=stream)
 
     def _advance(self, side: SideState, sampling: Sampling, emit: Emit,
                  cancelled: CancelCheck) -> None:
         """Choose one token for `side` and feed it back; sets `finish` when done."""
         session = side.session
-        model = self.residents[session.spec.identity.base_sha256].model
+        model = self.residents[resident_key(session.spec)].model
         start = time.perf_counter()
         if side.logits is None:
             side.logits = session.context.prefill(side.prompt)
@@ -231,7 +313,7 @@ class SessionManager:
             return
         side.tokens.append(token)
         side.logprobs.append(logprob)
-        piece = side.decoder.decode(model.piece(token))
+        piece = side.decoder.feed(token)
         text, hit = side.stops.feed(piece)
         side.text += text
         if cancelled():
@@ -249,7 +331,7 @@ class SessionManager:
         side.decode_seconds += time.perf_counter() - start
 
     def _result(self, side: SideState) -> dict[str, Any]:
-        side.text += side.stops.feed(side.decoder.decode(b"", final=True))[0]
+        side.text += side.stops.feed(side.decoder.finish())[0]
         if side.finish != "stop":
             side.text += side.stops.flush()
         spec = side.session.spec
@@ -283,8 +365,10 @@ class SessionManager:
         """Base and variant over one copy of the weights, streamed side by side."""
         if not spec.adapters:
             raise RefusedError(f"{spec.name} is a base model; compare needs a variant")
-        base = self._side("base", spec.base_spec(), prompt, sampling, cancelled)
+        # The variant opens first: on OpenVINO, registering its adapters may rebuild the
+        # compiled model, which closes that base's sessions; the base side then joins it.
         variant = self._side("variant", spec, prompt, sampling, cancelled)
+        base = self._side("base", spec.base_spec(), prompt, sampling, cancelled)
         while base.finish is None or variant.finish is None:
             for side in (base, variant):
                 if side.finish is None:
@@ -316,10 +400,10 @@ class SessionManager:
             "pid": os.getpid(),
             "residents": [
                 {"base": r.name, "model_name": r.info.name, "path": r.model.path,
-                 "sha256": sha,
+                 "sha256": r.model.sha256, "backend": _backend_of(r.model),
                  "size_bytes": r.model.size_bytes,
-                 "adapters_loaded": sorted(r.model.adapters)}
-                for sha, r in self.residents.items()
+                 "adapters_loaded": sorted(r.model.adapters), **_runtime_details(r.model)}
+                for r in self.residents.values() if r.model is not None
             ],
             "sessions": [
                 {"name": s.spec.name, "kind": s.spec.kind, "identity": key,
@@ -334,6 +418,21 @@ class SessionManager:
             "max_sessions": self.max_sessions,
             "n_threads": self.n_threads,
         }
+
+
+def _backend_of(model: Any) -> str:
+    return "llama" if isinstance(model, LlamaModel) else "openvino"
+
+
+def _runtime_details(model: Any) -> dict[str, Any]:
+    """Backend-specific status: for OpenVINO, the LoRA branches of the compiled model."""
+    if isinstance(model, LlamaModel):
+        return {}
+    return {"pipeline_builds": model.builds, "lora_layers": len(model.registered),
+            "adapters_registered": [{"name": a.name, "sha256": sha,
+                                     "attached_tensors": a.plan.attached_tensors,
+                                     "total_tensors": a.plan.total_tensors}
+                                    for sha, a in model.adapters.items()]}
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

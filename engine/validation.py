@@ -105,7 +105,10 @@ def check_adapter(
     if checks[0].status == FAIL:
         return Report(tuple(checks))
     checks.append(_architecture(adapter, base))
-    checks.extend(_coverage_and_shapes(adapter, base))
+    if adapter.format == "peft" and base_backend == "openvino":
+        checks.extend(_openvino_coverage(adapter, base))
+    else:
+        checks.extend(_coverage_and_shapes(adapter, base))
     checks.append(_rank(adapter))
     checks.append(_alpha(adapter))
     checks.append(_dtypes(adapter))
@@ -140,7 +143,7 @@ def _architecture(adapter: AdapterInfo, base: BaseModelInfo) -> Check:
         return Check("architecture", WARN, "adapter declares no architecture; "
                      "judged by its layer names and shapes")
     if arch != base.architecture:
-        return Check("architecture", FAIL, f"adapter is for {printable(arch)!r}, "
+        return Check("architecture", FAIL, f"adapter is for '{printable(arch)}', "
                      f"the base is {base.architecture!r}")
     return Check("architecture", PASS, f"{arch} on both sides")
 
@@ -190,6 +193,41 @@ def _coverage_and_shapes(adapter: AdapterInfo, base: BaseModelInfo) -> list[Chec
                              f"first {printable(bad[0], 300)}")
     elif matched:
         shapes_check = Check("shapes", PASS, "every attached tensor fits its layer")
+    else:
+        shapes_check = Check("shapes", FAIL, "nothing to compare: no layer matched")
+    return [coverage, shapes_check]
+
+
+def _openvino_coverage(adapter: AdapterInfo, base: BaseModelInfo) -> list[Check]:
+    """Coverage by OpenVINO's own name-matching rule, on the IR's real layers."""
+    from engine import openvino_attach
+
+    if base.format != "openvino":
+        detail = ("this base is a GGUF file read by OpenVINO's GGUF reader: its layers get "
+                  "generated names (MatMul_46, ...), so no LoRA tensor can attach; use the "
+                  "curated OpenVINO default or an optimum-intel export (docs/formats.md)")
+        return [Check("coverage", FAIL, f"0 of {adapter.tensor_count} tensors attach: {detail}"),
+                Check("shapes", FAIL, "nothing to compare: no layer matched")]
+    try:
+        plan = openvino_attach.plan_for(Path(adapter.path), Path(base.path))
+    except InspectionError as exc:
+        return [Check("coverage", FAIL, exc.message),
+                Check("shapes", FAIL, "nothing to compare: the model could not be read")]
+    counts = plan.coverage()
+    example = f" (e.g. {printable(plan.unused[0])})" if plan.unused else ""
+    if plan.attached_tensors == 0 and not plan.bad_shapes:
+        coverage = Check("coverage", FAIL, f"matches no layer: {counts}{example}; it would "
+                         "silently do nothing")
+    elif plan.unused:
+        coverage = Check("coverage", WARN, f"partial coverage: {counts}; {len(plan.unused)} "
+                         f"would be ignored{example}")
+    else:
+        coverage = Check("coverage", PASS, counts)
+    if plan.bad_shapes:
+        shapes_check = Check("shapes", FAIL, f"{len(plan.bad_shapes)} layer(s) with wrong "
+                             f"shapes, first {printable(plan.bad_shapes[0], 300)}")
+    elif plan.attachments:
+        shapes_check = Check("shapes", PASS, "every attached tensor fits its OpenVINO layer")
     else:
         shapes_check = Check("shapes", FAIL, "nothing to compare: no layer matched")
     return [coverage, shapes_check]
@@ -254,12 +292,12 @@ def _expected_base(adapter: AdapterInfo, base: BaseModelInfo, base_sha256: str,
         if adapter.base_sha256 == base_sha256:
             return Check("expected base", PASS, "declared base digest matches")
         return Check("expected base", FAIL, f"adapter declares base sha256 "
-                     f"{printable(adapter.base_sha256, 16)}…, this base is {base_sha256[:16]}…")
+                     f"{printable(adapter.base_sha256, 16)}, this base is {base_sha256[:16]}…")
     if strict:
         return Check("expected base", FAIL, "strict: a curated adapter must declare the "
                      "sha256 of its base")
     named = ""
     if adapter.base_name and adapter.base_name not in (base.name,):
-        named = f"; it names base {printable(adapter.base_name, 80)!r}"
+        named = f"; it names base '{printable(adapter.base_name, 80)}'"
     return Check("expected base", WARN, f"no base digest declared: user-provided, "
                  f"unverified{named}")
