@@ -190,7 +190,7 @@ def inspect_gguf(path: Path) -> BaseModelInfo | AdapterInfo:
     if kind == "adapter":
         return _gguf_adapter(header)
     if kind not in (None, "model"):
-        raise InspectionError(f"{path.name}: unknown general.type {printable(kind)!r}")
+        raise InspectionError(f"{path.name}: unknown general.type '{printable(kind)}'")
     return _gguf_base(header)
 
 
@@ -200,7 +200,7 @@ def _gguf_base(header: gguf_file.GgufHeader) -> BaseModelInfo:
     if not arch:
         raise InspectionError(f"{name}: no general.architecture: not a model llama.cpp can load")
     if not re.fullmatch(r"[a-z0-9_]{1,32}", arch):
-        raise InspectionError(f"{name}: implausible architecture {printable(arch)!r}")
+        raise InspectionError(f"{name}: implausible architecture '{printable(arch)}'")
     if not header.tensors:
         raise InspectionError(f"{name}: a model with no tensors (header only?)")
 
@@ -213,6 +213,14 @@ def _gguf_base(header: gguf_file.GgufHeader) -> BaseModelInfo:
     block_count = arch_int("block_count")
     if block_count == 0 or block_count > 4096:
         raise InspectionError(f"{name}: implausible {arch}.block_count {block_count}")
+    for key in ("embedding_length", "attention.head_count", "attention.head_count_kv"):
+        if f"{arch}.{key}" in header.metadata and arch_int(key) == 0:
+            raise InspectionError(f"{name}: {arch}.{key} = 0 is implausible")
+    embeddings = header.tensors.get("token_embd.weight")
+    width = arch_int("embedding_length")
+    if embeddings is not None and width and embeddings.shape[0] != width:
+        raise InspectionError(f"{name}: {arch}.embedding_length = {width} disagrees with "
+                              f"token_embd.weight ({embeddings.shape[0]} wide)")
     template = _str(header, "tokenizer.chat_template")
     if template is not None and len(template) > MAX_TEMPLATE_CHARS:
         raise InspectionError(f"{name}: chat template longer than {MAX_TEMPLATE_CHARS} chars")
@@ -266,7 +274,7 @@ def _gguf_adapter(header: gguf_file.GgufHeader) -> AdapterInfo:
     problems: list[str] = []
     adapter_type = _str(header, "adapter.type")
     if adapter_type != "lora":
-        problems.append(f"adapter.type is {printable(str(adapter_type))!r}, expected 'lora'")
+        problems.append(f"adapter.type is '{printable(str(adapter_type))}', expected 'lora'")
     alpha_raw = header.typed("adapter.lora.alpha", ("float32", "float64"), "a float")
     alpha = float(alpha_raw) if alpha_raw is not None else None
     halves: dict[str, dict[str, gguf_file.TensorInfo]] = {}

@@ -3,15 +3,21 @@
 A chat template comes from the model file, so it is untrusted code: it renders in
 jinja2's ImmutableSandboxedEnvironment (no attribute access to Python internals, no
 mutation of the values we pass in), with a deadline enforced by a trace hook (a
-template loop that never ends is stopped), a cap on the output size, and any failure
-reported as a TemplateError with the template's own message.
+template loop that never ends is stopped), a cap on the output size, a cap on the
+memory it may claim (the process's address-space limit is lowered for the duration
+of the render, so a string doubled forty times fails with MemoryError instead of
+taking the machine down), and any failure reported as a TemplateError with the
+template's own message.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +29,7 @@ from engine.errors import RefusedError
 MAX_TEMPLATE_CHARS = 256 << 10
 MAX_OUTPUT_CHARS = 4 << 20
 DEADLINE_SECONDS = 2.0
+MEMORY_HEADROOM = 256 << 20  # bytes of address space a render may add
 ROLES = ("system", "user", "assistant")
 
 
@@ -70,6 +77,39 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         return left * right
 
 
+_rlimit_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _memory_cap(headroom: int) -> Iterator[None]:
+    """Lower RLIMIT_AS to the current address space plus `headroom` while rendering.
+
+    Single C calls ('x'.ljust(10**9), a string doubled in a loop) cannot be stopped
+    by the trace hook; with the limit they raise MemoryError instead. Where the
+    platform has no RLIMIT_AS or /proc/self/statm, rendering runs without this cap.
+    """
+    try:
+        import resource
+
+        with open("/proc/self/statm", encoding="ascii") as handle:
+            current = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, OSError, ValueError, AttributeError):
+        yield
+        return
+    limit = current + headroom
+    if (soft != resource.RLIM_INFINITY and soft <= limit) or (
+            hard != resource.RLIM_INFINITY and hard < limit):
+        yield  # an existing limit is already tighter
+        return
+    with _rlimit_lock:  # one capped render at a time per process
+        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+        try:
+            yield
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
     env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         undefined=jinja2.StrictUndefined, autoescape=False)
@@ -113,13 +153,18 @@ def render(
     pieces: list[str] = []
     size = 0
     previous = sys.gettrace()
-    sys.settrace(_Deadline(deadline))
     try:
-        for piece in compiled.generate(context):
-            size += len(piece)
-            if size > MAX_OUTPUT_CHARS:
-                raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
-            pieces.append(piece)
+        with _memory_cap(MEMORY_HEADROOM):
+            sys.settrace(_Deadline(deadline))
+            try:
+                for piece in compiled.generate(context):
+                    size += len(piece)
+                    if size > MAX_OUTPUT_CHARS:
+                        raise TemplateError(
+                            f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
+                    pieces.append(piece)
+            finally:
+                sys.settrace(previous)
     except TemplateError:
         raise
     except jinja2.exceptions.SecurityError as exc:
@@ -132,8 +177,6 @@ def render(
         raise TemplateError("chat template used too much memory") from None
     except Exception as exc:  # anything else a template can provoke
         raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from None
-    finally:
-        sys.settrace(previous)
     return "".join(pieces)
 
 

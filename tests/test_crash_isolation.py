@@ -1,0 +1,100 @@
+"""Crash isolation at the engine level (the GUI half lives with the window's tests).
+
+A native abort in the engine process (here the test-only `abort` request, which calls
+os.abort() exactly as a failed GGML_ASSERT does) must not take anything else down: the
+request fails with "engine stopped: ... SIGABRT" and the engine's last log lines, the
+client reports the crash to whoever listens, the catalog, conversations and settings
+on disk are untouched, and the next request starts a fresh engine that serves the same
+output as before.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from engine import conversations, settings
+from engine.artifacts import BaseModelInfo
+from engine.catalog import AdapterSpec, Catalog
+from engine.client import EngineClient
+from engine.conversations import ChatMessage
+from engine.errors import EngineError
+from tests.engine_helpers import BASE, params
+from tests.test_hostile import mini_lora
+
+TIMEOUT = 300
+
+
+def small(request: dict) -> dict:
+    request["spec"]["identity"]["context"]["n_ctx"] = 512  # quick to create
+    return request
+
+
+def state_bytes(home: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(home)): p.read_bytes() for p in sorted(home.rglob("*.json"))
+            if p.name != "digests.json"}
+
+
+def test_an_engine_abort_is_reported_and_nothing_is_lost(
+        studio_home: Path, tmp_path: Path, base_info: BaseModelInfo) -> None:
+    catalog = Catalog()
+    catalog.ensure_initialized()
+    source = tmp_path / "a.gguf"
+    source.write_bytes(mini_lora())
+    catalog.add_adapter("a", BASE, source)
+    catalog.add_variant("va", BASE, [AdapterSpec("a", 1.0)])
+    chat = conversations.new("va").with_messages((
+        ChatMessage("user", "Hello"), ChatMessage("assistant", "Hi!", model="va")))
+    conversations.save(chat)
+    settings.update(threads=2)
+
+    states: list[tuple[str, str]] = []
+    env = {**os.environ, "VARIANT_STUDIO_TEST_HOOKS": "1"}
+    client = EngineClient(env=env, on_state=lambda state, detail: states.append((state, detail)))
+    try:
+        before = client.call("generate", small(params(catalog, "va", max_tokens=8)),
+                             timeout=TIMEOUT)
+        first_pid = client.pid
+        saved = state_bytes(studio_home)
+        assert {"catalog.json", "settings.json", f"conversations/{chat.id}.json"} <= set(saved)
+
+        with pytest.raises(EngineError) as info:
+            client.call("abort", timeout=TIMEOUT)
+        error = info.value
+        assert error.message.startswith("engine stopped: ")
+        assert "SIGABRT" in error.message
+        assert any("test hook: aborting" in line for line in error.details), error.details
+        assert client.state == "crashed"
+        state, detail = states[-1]
+        assert state == "crashed" and "SIGABRT" in detail and "last log" in detail
+
+        # Nothing on disk changed, and everything still loads.
+        assert state_bytes(studio_home) == saved
+        assert Catalog().variant("va")["adapters"] == [{"name": "a", "scale": 1.0}]
+        assert conversations.load(chat.id) == chat
+        assert settings.load().threads == 2
+
+        # The next request starts a new engine, which serves exactly what the old one did.
+        after = client.call("generate", small(params(catalog, "va", max_tokens=8)),
+                             timeout=TIMEOUT)
+        assert after["token_ids"] == before["token_ids"]
+        assert client.pid != first_pid and client.starts == 2 and client.state == "running"
+        assert [s for s, _ in states] == ["running", "crashed", "running"]
+    finally:
+        client.close()
+
+
+def test_the_abort_hook_is_off_unless_the_test_environment_enables_it(
+        studio_home: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "VARIANT_STUDIO_TEST_HOOKS"}
+    client = EngineClient(env=env)
+    try:
+        with pytest.raises(EngineError) as info:
+            client.call("abort", timeout=TIMEOUT)
+        assert info.value.message == "unknown engine request 'abort'"
+        assert client.call("ping", timeout=TIMEOUT)["pid"] == client.pid
+        assert client.starts == 1
+    finally:
+        client.close()
