@@ -131,8 +131,11 @@ def _library_check(path: Path) -> None:
     try:
         with safe_open(str(path), framework="numpy") as handle:
             handle.keys()
-    except Exception as exc:  # the library raises its own error types
-        raise InspectionError(f"{path.name}: rejected by the safetensors library: {exc}") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # its own error types, and pyo3's PanicException
+        raise InspectionError(f"{path.name}: rejected by the safetensors library: "
+                              f"{printable(str(exc))}") from None
 
 
 def load_tensors(header: SafetensorsHeader) -> dict[str, np.ndarray]:

@@ -209,3 +209,26 @@ def test_template_rendering_is_bounded_in_time_and_memory(template: str, reason:
     assert reason in error.message
     assert elapsed < 5.0
     assert peak < 256 * MiB, f"{peak / MiB:.0f} MiB"
+
+
+def test_a_panic_in_the_safetensors_library_is_a_refusal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyo3 turns a Rust panic into PanicException, a BaseException: still a refusal."""
+    import safetensors
+
+    from tests import factories as f
+    from tests.test_hostile import peft_tensors, st_entries
+
+    class PanicException(BaseException):
+        pass
+
+    def panic(*args: Any, **kwargs: Any) -> Any:
+        raise PanicException("index out of bounds\x1b[2J")
+
+    path = tmp_path / "adapter_model.safetensors"
+    path.write_bytes(f.raw_safetensors(*st_entries(peft_tensors())))
+    monkeypatch.setattr(safetensors, "safe_open", panic)
+    with pytest.raises(InspectionError) as info:
+        artifacts.safetensors_file.read_header(path)
+    assert "rejected by the safetensors library: index out of bounds\\x1b[2J" in (
+        info.value.message)
