@@ -14,9 +14,11 @@ with fresh randomness (and atheris, coverage-guided, when installed):
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
+import shutil
 import struct
 import tempfile
 from collections import Counter
@@ -70,6 +72,7 @@ def fuzz_settings(ci_examples: int) -> settings:
 
 
 _scratch = Path(tempfile.mkdtemp(prefix="vs-fuzz-"))
+atexit.register(shutil.rmtree, _scratch, ignore_errors=True)
 _ov_base: list[BaseModelInfo] = []
 
 
