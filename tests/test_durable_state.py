@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -260,3 +261,41 @@ def test_valid_json_of_the_wrong_shape_is_set_aside_too(tmp_path: Path, bad: str
     assert StateFile(path, dict).load() == {}
     (aside,) = tmp_path.glob("s.json.corrupt-*")
     assert aside.read_text() == bad
+
+
+def test_cli_imports_killed_at_random_moments_never_leave_a_broken_catalog(
+        studio_home: Path, tmp_path: Path) -> None:
+    """`adapter add` SIGKILLed at a random moment (copying, validating, hashing or
+    writing the catalog): the catalog still loads, and every entry it holds has its
+    stored file with the recorded digest. An entry is all there or not there."""
+    from engine.defaults import DEFAULT_MODEL_NAME
+
+    Catalog().ensure_initialized()
+    source = tmp_path / "a.gguf"
+    source.write_bytes(mini_lora())
+    rng = random.Random(7)
+    outcomes = Counter()
+    for i in range(6):
+        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "adapter", "add", f"k{i}",
+                                 "--base", DEFAULT_MODEL_NAME, "--file", str(source)],
+                                cwd=ROOT, env=os.environ.copy(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=rng.uniform(0.2, 2.5))  # the random moment
+            outcomes["finished"] += 1
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            outcomes["killed"] += 1
+        statefile.take_notices()
+        catalog = Catalog().data()
+        assert statefile.take_notices() == [], "a killed import corrupted the catalog"
+        for name, record in catalog["adapters"].items():
+            stored = Path(record["path"])
+            assert hashlib.sha256(stored.read_bytes()).hexdigest() == record["sha256"], name
+    print(f"\nCLI imports: {dict(outcomes)}")
+    assert outcomes["killed"] > 0, outcomes
+    # A later import of a name whose store folder a killed import left behind works.
+    done = run_cli("adapter", "add", "k0", "--base", DEFAULT_MODEL_NAME, "--file", str(source))
+    assert done.returncode in (0, 2), done.stderr  # 2: k0 was already imported
+    assert "k0" in Catalog().data()["adapters"]
