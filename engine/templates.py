@@ -25,6 +25,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import RefusedError
+from engine.safeio import printable
 
 MAX_TEMPLATE_CHARS = 256 << 10
 MAX_OUTPUT_CHARS = 4 << 20
@@ -139,11 +140,6 @@ def render(
     if len(template) > MAX_TEMPLATE_CHARS:
         raise TemplateError(f"chat template longer than {MAX_TEMPLATE_CHARS} characters")
     env = _environment()
-    try:
-        compiled = env.from_string(template)
-    except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"chat template has a syntax error (line {exc.lineno}): "
-                            f"{exc.message}") from None
     context = {
         "messages": [{"role": m.role, "content": m.content} for m in messages],
         "bos_token": bos_token,
@@ -157,6 +153,7 @@ def render(
         with _memory_cap(MEMORY_HEADROOM):
             sys.settrace(_Deadline(deadline))
             try:
+                compiled = _compile(env, template)
                 for piece in compiled.generate(context):
                     size += len(piece)
                     if size > MAX_OUTPUT_CHARS:
@@ -178,6 +175,27 @@ def render(
     except Exception as exc:  # anything else a template can provoke
         raise TemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from None
     return "".join(pieces)
+
+
+def _compile(env: ImmutableSandboxedEnvironment, template: str) -> jinja2.Template:
+    """Parse and compile under the render's deadline and memory cap.
+
+    Jinja's parser recurses once per nesting level: `{{ ((((...1)))) }}` or a few
+    hundred nested `{% if %}` raise RecursionError while compiling, before any
+    rendering starts (found by fuzzing).
+    """
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"chat template has a syntax error (line {exc.lineno}): "
+                            f"{printable(str(exc.message))}") from None
+    except RecursionError:
+        raise TemplateError("chat template is nested too deeply to compile") from None
+    except (TemplateError, MemoryError):
+        raise
+    except Exception as exc:  # e.g. Python's own limits on the generated code
+        raise TemplateError(f"chat template could not be compiled: {type(exc).__name__}: "
+                            f"{printable(str(exc))}") from None
 
 
 def plain_prompt(messages: Sequence[Message]) -> str:

@@ -353,6 +353,7 @@ FRAGMENTS = [
     "{% set ns.s = ns.s ~ ns.s %}", "{{ ns.s|length }}", "{{ 1/0 }}", "{{ '%s' % 1 }}",
     "{{ '{0.__class__}'.format(1) }}", "{{ message.content|trim }}", "<|im_start|>", "\n",
     "{%", "}}", "{#", "#}", "{% raw %}", "{% endraw %}",
+    "{{ " + "(" * 120, ")" * 120 + " }}", "{% if 1 %}" * 40, "{% endif %}" * 40,
 ]
 
 

@@ -881,6 +881,11 @@ CASES: tuple[Case, ...] = (
            "{% set ns = namespace(s='x') %}{% for i in range(40) %}"
            "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}")),
        ACCEPTED, refused("chat template used too much memory")),
+    _c("template-deeply-nested", "a chat template nesting 300 parentheses (found by "
+       "fuzzing: RecursionError while compiling)", "model",
+       lambda w: base_copy(w, "tpl-nested", tokenizer__chat_template=(
+           "{{ " + "(" * 300 + "1" + ")" * 300 + " }}")),
+       ACCEPTED, refused("chat template is nested too deeply to compile")),
 )
 
 

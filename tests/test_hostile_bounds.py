@@ -197,6 +197,9 @@ def test_a_file_that_grows_while_hashed_is_hashed_to_a_bound(tmp_path: Path) -> 
     ("{{ 'x' | center(10 ** 10) }}", "too much memory"),
     ("{% set s = 'x' * 4000000 %}{{ ([s] * 1000) | join }}", "too much memory"),
     ("{{ 10 ** 100000000 }}", "absurd power"),
+    ("{{ " + "(" * 300 + "1" + ")" * 300 + " }}", "nested too deeply to compile"),
+    ("{% if 1 %}" * 500 + "{% endif %}" * 500, "nested too deeply to compile"),
+    ("{{ " + "not " * 2000 + "1 }}", "nested too deeply to compile"),
     ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
      "did not finish"),
 ])
