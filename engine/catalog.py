@@ -326,8 +326,19 @@ class Catalog:
         return info
 
     def recheck_adapter(self, name: str, base: str | None = None) -> validation.Report:
-        """Re-verify a stored adapter: its bytes, then every compatibility check."""
+        """Re-verify a stored adapter: its bytes, then every compatibility check.
+
+        With `base`, the adapter's file for that base's backend is checked (an adapter
+        may carry one file per backend, see `add_adapter_file`).
+        """
         record = self.adapter(name)
+        if base is not None:
+            try:
+                record = {**self.adapter_file(name, self.model(base)["backend"]), "name": name,
+                          "curated": record.get("curated")}
+            except RefusedError as exc:
+                return validation.Report((validation.Check("format", validation.FAIL,
+                                                           exc.message),))
         checks: list[validation.Check] = []
         try:
             sha = digest.sha256_file(Path(record["path"]))
@@ -408,8 +419,10 @@ class Catalog:
             seen.add(spec.name)
             adapter = self.adapter(spec.name)
             if adapter["backend"] != base_record["backend"]:
-                raise RefusedError(f"adapter {spec.name} is for {adapter['backend']}, base "
-                                   f"{base} runs on {base_record['backend']}")
+                if base_record["backend"] not in adapter.get("files", {}):
+                    raise RefusedError(f"adapter {spec.name} is for {adapter['backend']}, base "
+                                       f"{base} runs on {base_record['backend']}")
+                adapter = adapter["files"][base_record["backend"]]
             if adapter["base"] != base and adapter["base_sha256"] != base_record["sha256"]:
                 raise RefusedError(f"adapter {spec.name} was validated for base "
                                    f"{adapter['base']}, not {base}")
@@ -427,23 +440,168 @@ class Catalog:
             "created_at": now_iso(),
         }
 
-    def identity(self, name: str, n_ctx: int | None = None) -> Identity:
-        """The identity of a base model or variant as it would be served now."""
+    def identity(self, name: str, n_ctx: int | None = None,
+                 backend: str | None = None) -> Identity:
+        """The identity of a base model or variant as it would be served now.
+
+        `backend` serves a variant on another backend: its base's counterpart there,
+        and each adapter's file for that backend (see `serving_base`).
+        """
         kind, record = self.find(name)
         if kind == "adapter":
             raise UsageError(f"{name!r} is an adapter; serve it through a variant")
         if kind == "model":
-            return self.identity_of_parts(name, [], n_ctx or DEFAULT_PROFILE["n_ctx"])
+            base = self.serving_base(name, backend)
+            return self.identity_of_parts(base, [], n_ctx or DEFAULT_PROFILE["n_ctx"])
         specs = [AdapterSpec(a["name"], a["scale"]) for a in record["adapters"]]
-        return self.identity_of_parts(record["base"], specs,
+        return self.identity_of_parts(self.serving_base(name, backend), specs,
                                       n_ctx or int(record["profile"].get("n_ctx", 4096)))
+
+    def serving_base(self, name: str, backend: str | None = None) -> str:
+        """The base model that serves model or variant `name` on `backend`."""
+        kind, record = self.find(name)
+        base = name if kind == "model" else record["base"]
+        if backend is None or self.model(base)["backend"] == backend:
+            return base
+        if backend not in BACKENDS:
+            raise UsageError(f"unknown backend {backend!r} (llama or openvino)")
+        other = self.counterpart(base, backend)
+        if other is None:
+            raise RefusedError(f"{base} has no counterpart on {backend}: no {backend} model "
+                               f"in the catalog was built from it")
+        if kind == "variant":
+            for entry in record["adapters"]:
+                self.adapter_file(entry["name"], backend)  # refuses a missing file
+        return other
+
+    def counterpart(self, base: str, backend: str) -> str | None:
+        """The model with the same weights as `base` on `backend`, if the catalog has one.
+
+        Known pairs are models built from another (`built_from.sha256`), in either
+        direction: the curated OpenVINO default mirrors the llama.cpp default this way.
+        """
+        record = self.model(base)
+        if record["backend"] == backend:
+            return base
+        for other in self.data()["models"].values():
+            if other.get("backend") != backend:
+                continue
+            if (other.get("built_from", {}).get("sha256") == record["sha256"]
+                    or record.get("built_from", {}).get("sha256") == other.get("sha256")):
+                return other["name"]
+        return None
+
+    def adapter_file(self, name: str, backend: str) -> dict[str, Any]:
+        """The record of adapter `name`'s file for `backend` (path, sha256, base...)."""
+        record = self.adapter(name)
+        if record["backend"] == backend:
+            return record
+        files = record.get("files", {})
+        if backend not in files:
+            raise RefusedError(f"adapter {name} has no {backend} file (add one with "
+                               f"`variant-studio adapter convert {name}`)")
+        return files[backend]
+
+    def add_adapter_file(self, name: str, base: str, file: Path, source: str | None = None,
+                         progress: digest.Progress | None = None,
+                         cancelled: digest.CancelCheck | None = None) -> dict[str, Any]:
+        """Give adapter `name` a file for another backend, validated against `base`.
+
+        The file is copied into `<store>/NAME/<backend>/`, checked there against `base`
+        (which must be the counterpart of the adapter's own base), and recorded with its
+        own digest under `files[backend]`. Refusal changes nothing.
+        """
+        record = self.adapter(name)
+        base_record = self.model(base)
+        backend = base_record["backend"]
+        if backend == record["backend"]:
+            raise UsageError(f"adapter {name} already is a {backend} adapter")
+        if self.counterpart(record["base"], backend) != base:
+            raise RefusedError(f"{base} does not serve the same weights as {record['base']}, "
+                               f"the base adapter {name} was made for")
+        status = self.verify_base(base)
+        if not status.ok:
+            raise RefusedError(f"base {base}: {status.detail}")
+        file = Path(file).expanduser().absolute()
+        first = artifacts.inspect_path(file)
+        if isinstance(first, BaseModelInfo):
+            raise RefusedError(f"{file.name} is a base model, not an adapter")
+        folder = paths.adapter_store(name) / backend
+        staging = Path(tempfile.mkdtemp(prefix=".import-", dir=paths.adapter_store(name)))
+        try:
+            stored = _copy_adapter(first, staging, progress, cancelled)
+            info = artifacts.inspect_path(stored)
+            if not isinstance(info, AdapterInfo):
+                raise RefusedError(f"{file.name} changed while it was imported")
+            report = validation.check_adapter(info, self.base_info(base_record), backend,
+                                              base_record["sha256"])
+            if not report.ok:
+                raise RefusedError(report.reason(), details=tuple(
+                    f"{c.name}: {c.detail}" for c in report.failures()))
+            sha = digest.sha256_file(Path(info.path))
+            config_sha = (digest.sha256_file(Path(info.config_path))
+                          if info.config_path else None)
+            if folder.exists():
+                shutil.rmtree(folder)
+            staging.rename(folder)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        entry = {
+            "backend": backend, "format": info.format,
+            "path": str(folder / Path(info.path).name), "sha256": sha,
+            "config_sha256": config_sha, "size": _size(folder),
+            "source": source or str(file), "installed_at": now_iso(),
+            "base": base, "base_sha256": base_record["sha256"],
+            "metadata": info.summary(), "checks": report.to_list(),
+        }
+
+        def insert(data: dict) -> dict:
+            if name not in data["adapters"]:
+                raise UnknownNameError(f"adapter {name} was removed meanwhile")
+            data["adapters"][name].setdefault("files", {})[backend] = entry
+            return data
+
+        try:
+            self.state.update(insert)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return entry
+
+    def convert_adapter(self, name: str, backend: str, base: str | None = None,
+                        progress: digest.Progress | None = None) -> dict[str, Any]:
+        """Convert adapter `name`'s stored file to `backend`'s format and add it.
+
+        GGUF <-> PEFT, with llama.cpp's q/k row permutation undone or applied on the B
+        halves (see `engine.lora_io`); the head counts come from the adapter's base.
+        """
+        from engine import lora_io
+
+        record = self.adapter(name)
+        own_base = self.model(record["base"])
+        target = base or self.counterpart(record["base"], backend)
+        if target is None:
+            raise RefusedError(f"{record['base']} has no counterpart on {backend}")
+        meta = own_base["metadata"]
+        with tempfile.TemporaryDirectory(prefix=".convert-",
+                                         dir=paths.adapter_store(name)) as tmp:
+            converted = lora_io.convert_file(
+                Path(record["path"]), Path(tmp) / ("peft" if backend == "openvino"
+                                                  else "adapter.gguf"),
+                int(meta["head_count"]), int(meta["head_count_kv"]),
+                str(meta.get("architecture") or "llama"),
+                rebase=(own_base["sha256"], self.model(target)["sha256"]))
+            return self.add_adapter_file(
+                name, target, converted, f"converted from {name} ({record['format']}, "
+                f"sha256 {record['sha256'][:16]}…)", progress)
 
     def identity_of_parts(self, base_name: str, adapters: list[AdapterSpec],
                           n_ctx: int) -> Identity:
         """The identity a variant with these parts would have (nothing is saved)."""
         base = self.model(base_name)
-        refs = tuple(AdapterRef(a.name, self.adapter(a.name)["sha256"], a.scale)
-                     for a in adapters)
+        refs = tuple(AdapterRef(a.name, self.adapter_file(a.name, base["backend"])["sha256"],
+                                a.scale) for a in adapters)
         meta = base["metadata"]
         return Identity(
             backend=base["backend"],
@@ -477,7 +635,8 @@ class Catalog:
 
     def dependents(self, name: str) -> list[str]:
         data = self.data()
-        users = [a for a, r in data["adapters"].items() if r.get("base") == name]
+        users = [a for a, r in data["adapters"].items() if r.get("base") == name
+                 or any(f.get("base") == name for f in r.get("files", {}).values())]
         for v, r in data["variants"].items():
             if r.get("base") == name or any(a["name"] == name for a in r["adapters"]):
                 users.append(v)

@@ -14,7 +14,7 @@ import os
 import platform
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     madd.add_argument("--backend", choices=catalog_mod.BACKENDS)
     madd.add_argument("--source")
     madd.add_argument("--curated", action="store_true")
+    model.add_parser("openvino-default", help="build (the first time) and add the curated "
+                     "OpenVINO default base, made from the embedded GGUF")
 
     adapter = sub.add_parser("adapter", help="LoRA adapters").add_subparsers(
         dest="action", required=True, parser_class=_Parser)
@@ -59,6 +61,18 @@ def build_parser() -> argparse.ArgumentParser:
     aadd.add_argument("--source")
     aadd.add_argument("--strict", action="store_true",
                       help="refuse unless the adapter declares its base's sha256")
+    aconv = adapter.add_parser("convert", help="give an adapter a file for the other backend "
+                               "(GGUF <-> PEFT, validated against that backend's base)")
+    aconv.add_argument("name")
+    aconv.add_argument("--backend", choices=catalog_mod.BACKENDS,
+                       help="target backend (default: the one the adapter lacks)")
+    aconv.add_argument("--base", help="target base (default: the counterpart of its base)")
+    afile = adapter.add_parser("convert-file", help="convert a LoRA file: GGUF -> PEFT folder "
+                               "or PEFT -> GGUF file")
+    afile.add_argument("source", type=Path)
+    afile.add_argument("target", type=Path)
+    afile.add_argument("--base", help="the base whose head counts order q/k rows "
+                       "(default: the embedded llama.cpp model)")
 
     variant = sub.add_parser("variant", help="variants").add_subparsers(
         dest="action", required=True, parser_class=_Parser)
@@ -73,9 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--system", help="system prompt (chat mode)")
     gen.add_argument("--top-p", type=float)
     gen.add_argument("--top-k", type=int)
+    gen.add_argument("--backend", choices=catalog_mod.BACKENDS,
+                     help="serve on this backend (a variant needs adapter files for it)")
     cmp_ = sub.add_parser("compare", help="base and variant side by side")
     cmp_.add_argument("name", metavar="VARIANT")
     _generation_flags(cmp_)
+    cmp_.add_argument("--backend", choices=catalog_mod.BACKENDS,
+                      help="serve on this backend (the variant needs adapter files for it)")
+    par = sub.add_parser("parity", help="the same model or variant on llama.cpp and OpenVINO: "
+                         "greedy agreement and next-token distributions")
+    par.add_argument("name")
+    par.add_argument("--prompt", action="append", help="a chat prompt (repeatable)")
+    par.add_argument("--tokens", type=int, default=8, help="greedy tokens per prompt")
+    par.add_argument("--genai", action="store_true", help="also run OpenVINO GenAI's own "
+                     "MODE_DYNAMIC LoRA and report what it prints")
+    par.add_argument("--json", action="store_true")
 
     lst = sub.add_parser("list", help="list models, adapters and variants")
     lst.add_argument("--json", action="store_true")
@@ -142,6 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         catalog = Catalog()
         try:
             catalog.ensure_initialized()
+            _ensure_openvino_default(catalog, args)
             return COMMANDS[command](catalog, args)
         finally:
             # A corrupt state file found on the way was set aside: say so, even when
@@ -184,7 +211,74 @@ def _progress(label: str):
 # ---------------------------------------------------------------------------- commands
 
 
+def _build_progress() -> Callable[[str, float], None]:
+    """Stage lines on stderr while the OpenVINO default is built (the first time)."""
+    last = {"stage": "", "percent": -1}
+    tty = sys.stderr.isatty()
+
+    def report(stage: str, fraction: float) -> None:
+        percent = int(fraction * 100)
+        if stage != last["stage"]:
+            if tty and last["stage"]:
+                print(file=sys.stderr)
+            print(f"building the OpenVINO default: {stage}", end="" if tty else "\n",
+                  file=sys.stderr, flush=True)
+            last.update(stage=stage, percent=-1)
+        if tty and percent != last["percent"]:
+            print(f"\rbuilding the OpenVINO default: {stage} {percent}%", end="",
+                  file=sys.stderr, flush=True)
+            last["percent"] = percent
+
+    return report
+
+
+def _ensure_openvino_default(catalog: Catalog, args: argparse.Namespace) -> None:
+    """Build and add the curated OpenVINO default the first time something needs it."""
+    from engine import openvino_default
+
+    if command_uses_openvino_default(catalog, args) and not openvino_default.is_registered(
+            catalog):
+        record = openvino_default.ensure_default(catalog, progress=_build_progress())
+        print(f"added curated model {record['name']} (openvino, sha256 "
+              f"{record['sha256'][:16]}…)", file=sys.stderr)
+
+
+def command_uses_openvino_default(catalog: Catalog, args: argparse.Namespace) -> bool:
+    from engine import defaults, openvino_default
+
+    command, action = args.command, getattr(args, "action", None)
+    if command == "model":
+        return action == "openvino-default"
+    named = {getattr(args, "name", None), getattr(args, "base", None)}
+    if openvino_default.NAME in named and command in ("generate", "compare", "parity", "show",
+                                                      "adapter", "variant"):
+        return True
+    wants = getattr(args, "backend", None) == "openvino" or command == "parity" or (
+        command == "adapter" and action == "convert" and getattr(args, "backend", None)
+        in (None, "openvino"))
+    if not wants or command not in ("generate", "compare", "parity", "adapter"):
+        return False
+    try:  # only the llama.cpp default has a curated OpenVINO counterpart
+        kind, record = catalog.find(args.name)
+    except StudioError:
+        return False
+    base = args.name if kind == "model" else record.get("base")
+    if kind == "adapter" and record.get("backend") == "openvino":
+        return False
+    return base == defaults.DEFAULT_MODEL_NAME
+
+
 def cmd_model(catalog: Catalog, args: argparse.Namespace) -> int:
+    if args.action == "openvino-default":
+        from engine import openvino_default
+
+        record = openvino_default.ensure_default(catalog, progress=_build_progress())
+        built = record.get("built_from", {})
+        print(f"{record['name']}: openvino, sha256 {record['sha256'][:16]}…, {record['path']}")
+        print(f"  built from {built.get('path')} ({built.get('recipe')}; "
+              f"{built.get('layers_named')} layers named by structure, "
+              f"{built.get('names_cross_checked')} cross-checked)")
+        return 0
     record = catalog.add_model(args.name, args.file, args.backend, args.source, args.curated,
                                progress=_progress(f"hashing {args.file.name}"))
     print(f"added model {record['name']} ({record['backend']}, sha256 {record['sha256'][:16]}…)")
@@ -192,6 +286,27 @@ def cmd_model(catalog: Catalog, args: argparse.Namespace) -> int:
 
 
 def cmd_adapter(catalog: Catalog, args: argparse.Namespace) -> int:
+    if args.action == "convert":
+        record = catalog.adapter(args.name)
+        backend = args.backend or ("openvino" if record["backend"] == "llama" else "llama")
+        entry = catalog.convert_adapter(args.name, backend, args.base)
+        print(f"adapter {args.name}: added a {backend} file ({entry['format']}, sha256 "
+              f"{entry['sha256'][:16]}…) validated for {entry['base']}")
+        for check in entry["checks"]:
+            if check["status"] != "pass":
+                print(f"  {ICONS[check['status']]} {check['name']}: {check['detail']}")
+        return 0
+    if args.action == "convert-file":
+        from engine import defaults, lora_io
+
+        meta = catalog.model(args.base or defaults.DEFAULT_MODEL_NAME)["metadata"]
+        if args.target.exists():
+            raise UsageError(f"{args.target} already exists")
+        out = lora_io.convert_file(args.source, args.target, int(meta["head_count"]),
+                                   int(meta["head_count_kv"]),
+                                   str(meta.get("architecture") or "llama"))
+        print(f"wrote {out}")
+        return 0
     record = catalog.add_adapter(args.name, args.base, args.file, args.source, args.strict,
                                  progress=_progress(f"copying {args.file.name}"))
     label = "verified" if record["verified"] else "user-provided, unverified"
@@ -235,7 +350,7 @@ def variant_entry(catalog: Catalog, record: dict[str, Any]) -> dict[str, Any]:
     adapters = []
     for a in record["adapters"]:
         try:
-            sha = catalog.adapter(a["name"])["sha256"]
+            sha = catalog.adapter_file(a["name"], record["backend"])["sha256"]
         except StudioError:
             sha = None
         adapters.append({"name": a["name"], "scale": a["scale"], "sha256": sha})
@@ -279,6 +394,9 @@ def show_entry(catalog: Catalog, name: str) -> dict[str, Any]:
                "identity": catalog.identity(name).key,
                "checks": [validation.Check("digest", "pass" if status.ok else "fail",
                                            status.detail).to_dict()]}
+        for key in ("built_from", "counterparts"):
+            if key in record:
+                out[key] = record[key]
     elif kind == "adapter":
         report = catalog.recheck_adapter(name)
         out = {**_public(record), "config_sha256": record.get("config_sha256"),
@@ -289,6 +407,7 @@ def show_entry(catalog: Catalog, name: str) -> dict[str, Any]:
             out[key] = record["metadata"].get(key)
         if "provenance" in record:
             out["provenance"] = record["provenance"]
+        out["files"] = adapter_files(catalog, name)
     else:
         out = variant_entry(catalog, record)
         checks = []
@@ -303,7 +422,44 @@ def show_entry(catalog: Catalog, name: str) -> dict[str, Any]:
         out["checks"] = checks
         ident = catalog.identity(name)
         out["identity_detail"] = ident.to_dict()
+        out["backends"] = variant_backends(catalog, name)
     out["kind"] = kind
+    return out
+
+
+def adapter_files(catalog: Catalog, name: str) -> dict[str, dict[str, Any]]:
+    """Every file an adapter carries, one per backend, each with its own digest and checks."""
+    record = catalog.adapter(name)
+    files: dict[str, dict[str, Any]] = {}
+    for backend in catalog_mod.BACKENDS:
+        try:
+            entry = catalog.adapter_file(name, backend)
+        except StudioError:
+            continue
+        report = catalog.recheck_adapter(name, entry["base"])
+        files[backend] = {"format": entry["format"], "path": entry["path"],
+                          "sha256": entry["sha256"], "config_sha256": entry.get("config_sha256"),
+                          "base": entry["base"], "source": entry.get("source"),
+                          "primary": backend == record["backend"], "status": report.status,
+                          "reason": report.reason()}
+    return files
+
+
+def variant_backends(catalog: Catalog, name: str) -> dict[str, dict[str, Any]]:
+    """For each backend: the base, adapter files and identity a variant is served with there."""
+    record = catalog.variant(name)
+    out: dict[str, dict[str, Any]] = {}
+    for backend in catalog_mod.BACKENDS:
+        try:
+            base = catalog.serving_base(name, backend)
+            ident = catalog.identity(name, backend=backend)
+        except StudioError as exc:
+            out[backend] = {"available": False, "reason": exc.message}
+            continue
+        out[backend] = {"available": True, "base": base, "identity": ident.key,
+                        "adapters": [{"name": a["name"], "scale": a["scale"],
+                                      "sha256": catalog.adapter_file(a["name"], backend)["sha256"]}
+                                     for a in record["adapters"]]}
     return out
 
 
@@ -313,7 +469,8 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
         _emit_json(entry)
         return 0
     print(f"{entry['kind']} {entry['name']}")
-    skip = {"name", "kind", "checks", "metadata", "identity_detail", "provenance", "profile"}
+    skip = {"name", "kind", "checks", "metadata", "identity_detail", "provenance", "profile",
+            "files", "backends"}
     for key, value in entry.items():
         if key in skip:
             continue
@@ -322,6 +479,15 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
                 print(f"  adapter: {a['name']} scale {a['scale']:g} sha256 {a['sha256']}")
             continue
         print(f"  {key}: {value}")
+    for backend, item in entry.get("files", {}).items():
+        print(f"  file for {backend}: {item['format']} sha256 {item['sha256']} (base "
+              f"{item['base']}; {ICONS.get(item['status'], '?')} {item['reason']})")
+    for backend, item in entry.get("backends", {}).items():
+        if item["available"]:
+            print(f"  on {backend}: base {item['base']}, identity {item['identity'][:12]}, "
+                  + ", ".join(f"{a['name']} sha256 {a['sha256'][:12]}" for a in item["adapters"]))
+        else:
+            print(f"  on {backend}: not available ({item['reason']})")
     for section in ("metadata", "profile", "provenance"):
         if isinstance(entry.get(section), dict):
             print(f"  {section}:")
@@ -409,6 +575,10 @@ def doctor_checks(catalog: Catalog) -> list[dict[str, str]]:
     for name in data["adapters"]:
         report = catalog.recheck_adapter(name)
         add(validation.Check(f"adapter {name}", report.status, report.reason()))
+        for backend, entry in data["adapters"][name].get("files", {}).items():
+            report = catalog.recheck_adapter(name, entry["base"])
+            add(validation.Check(f"adapter {name} ({backend} file)", report.status,
+                                 report.reason()))
     for record in data["variants"].values():
         try:
             catalog.identity(record["name"])
@@ -433,7 +603,7 @@ def _request(args: argparse.Namespace, catalog: Catalog) -> dict[str, Any]:
     from engine.sampling import Sampling
     from engine.spec import resolve
 
-    spec = resolve(catalog, args.name)
+    spec = resolve(catalog, args.name, backend=getattr(args, "backend", None))
     overrides = {"max_tokens": args.max_tokens, "temperature": args.temperature,
                  "seed": args.seed, "top_p": getattr(args, "top_p", None),
                  "top_k": getattr(args, "top_k", None)}
@@ -474,7 +644,7 @@ def cmd_generate(catalog: Catalog, args: argparse.Namespace) -> int:
                                             "name", "backend", "prompt_tokens")})
     else:
         sys.stdout.write("\n")
-        print(f"[{result['name']} · {result['identity'][:12]} · "
+        print(f"[{result['name']} · {result['backend']} · {result['identity'][:12]} · "
               f"{result['tokens_per_second']:.1f} tok/s · {result['finish_reason']}]",
               file=sys.stderr)
     return 0
@@ -492,7 +662,7 @@ def cmd_compare(catalog: Catalog, args: argparse.Namespace) -> int:
         return 0
     for side in ("base", "variant"):
         r = result[side]
-        print(f"== {side}: {r['name']} [{r['identity'][:12]}] "
+        print(f"== {side}: {r['name']} on {r['backend']} [{r['identity'][:12]}] "
               f"{r['tokens_per_second']:.1f} tok/s")
         print(r["text"])
     div = result["first_divergence"]
@@ -574,6 +744,47 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
     return 0
 
 
+PARITY_PROMPTS = (
+    "Write a short poem about the sea.",
+    "What is the capital of France?",
+    "Give me three tips for learning to cook.",
+    "Explain what a neural network is in one sentence.",
+)
+
+
+def cmd_parity(catalog: Catalog, args: argparse.Namespace) -> int:
+    from engine.spec import resolve
+
+    if not 1 <= args.tokens <= 256:
+        raise UsageError("--tokens must be 1..256")
+    first = resolve(catalog, args.name, backend="llama")
+    second = resolve(catalog, args.name, backend="openvino")
+    prompts = [{"text": p, "chat": True} for p in (args.prompt or PARITY_PROMPTS)]
+    result = _run_engine("cross_check", {"first": first.to_dict(), "second": second.to_dict(),
+                                         "prompts": prompts, "tokens": args.tokens,
+                                         "genai": bool(args.genai)})
+    if args.json:
+        _emit_json(result)
+        return 0
+    a, b = result["first"], result["second"]
+    print(f"{a['name']}: {a['backend']} [{a['identity'][:12]}] vs {b['backend']} "
+          f"[{b['identity'][:12]}], {len(result['prompts'])} prompts, {args.tokens} tokens")
+    for row in result["prompts"]:
+        print(f"  prompt of {row['prompt_tokens']} tokens: {row['agreeing_tokens']} greedy "
+              f"tokens agree; KL max {row['max_kl']:.4f} mean {row['mean_kl']:.4f} nats; "
+              f"top-1 {row['top1_agreement']:.2f}")
+    print(f"overall: KL max {result['max_kl']:.4f}, mean {result['mean_kl']:.4f} nats; "
+          f"top-1 agreement {result['top1_agreement']:.2f}; first tokens agree on "
+          f"{result['first_token_agreement']:.0%} of prompts")
+    if "genai" in result:
+        genai = result["genai"]
+        print(f"OpenVINO GenAI ({genai['mode']}): greedy tokens agreeing with ours "
+              f"{genai['agreeing_tokens']}; unused LoRA tensors: {len(genai['unused_tensors'])}")
+        for line in genai["warnings"][:10]:
+            print(f"  stderr: {line}")
+    return 0
+
+
 COMMANDS = {
     "model": cmd_model,
     "adapter": cmd_adapter,
@@ -583,6 +794,7 @@ COMMANDS = {
     "remove": cmd_remove,
     "generate": cmd_generate,
     "compare": cmd_compare,
+    "parity": cmd_parity,
     "status": cmd_status,
     "doctor": cmd_doctor,
     "train": cmd_train,

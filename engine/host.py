@@ -148,6 +148,23 @@ class Host:
                 return self.manager().describe()
             run = self.manager().generate if request.op == "generate" else self.manager().compare
             return run(spec, prompt, sampling, emit, cancelled)
+        if request.op == "cross_check":
+            first, second = (SessionSpec.from_dict(p[k]) for k in ("first", "second"))
+            prompts = [Prompt.from_dict(x) for x in p.get("prompts") or []]
+            if not prompts or len(prompts) > 64:
+                raise RefusedError("cross_check needs 1 to 64 prompts")
+            tokens = int(p.get("tokens", 8))
+            if not 1 <= tokens <= 256:
+                raise RefusedError("cross_check decodes 1 to 256 tokens per prompt")
+            result = self.manager().cross_check(first, second, prompts, tokens, cancelled)
+            if p.get("genai"):
+                from engine import openvino_genai_check
+
+                which = "second" if second.backend == "openvino" else "first"
+                result["genai"] = openvino_genai_check.run(
+                    second if which == "second" else first,
+                    [r[which] for r in result["prompts"]], prompts, self.manager(), cancelled)
+            return result
         if request.op == "build_openvino_default":
             from engine import openvino_default
 

@@ -112,7 +112,8 @@ def write_peft(folder: Path, weights: LoraWeights) -> Path:
         tensors[f"{key}.lora_A.weight"] = np.ascontiguousarray(a, dtype=np.float32)
         tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(b, dtype=np.float32)
     target = folder / "adapter_model.safetensors"
-    save_file(tensors, str(target), metadata={"format": "pt"})
+    save_file(tensors, str(target), metadata={"format": "pt",
+                                              "architecture": weights.architecture})
     roles = sorted({module.rsplit(".", 1)[-1] for module in weights.layers})
     config = {
         "peft_type": "LORA",
@@ -169,6 +170,38 @@ def _convert(weights: LoraWeights, n_head: int, n_head_kv: int, move) -> LoraWei
         layers[module] = (a, move(b, heads) if heads else b)
     return LoraWeights(weights.alpha, weights.rank, layers, weights.architecture,
                        weights.base_name, weights.base_sha256)
+
+
+def convert_file(source: Path, target: Path, n_head: int, n_head_kv: int,
+                 architecture: str = "llama", rebase: tuple[str, str] | None = None) -> Path:
+    """GGUF LoRA -> PEFT folder, or PEFT -> GGUF LoRA file, by the source's format.
+
+    The source is inspected (and, for safetensors, checked by the safetensors library)
+    first; a structurally broken adapter is refused, never half converted. Values are
+    kept exactly: only the q/k B rows move (see `gguf_to_peft`). `rebase` (old, new)
+    replaces a declared base digest: the converted file is for the other backend's copy
+    of the same weights.
+    """
+    from engine import artifacts
+    from engine.errors import RefusedError
+
+    info = artifacts.inspect_path(Path(source))
+    if not isinstance(info, artifacts.AdapterInfo):
+        raise RefusedError(f"{Path(source).name} is a base model, not an adapter")
+    if info.problems:
+        raise RefusedError(f"{Path(source).name}: {info.problems[0]}")
+    if info.format == "gguf":
+        weights = gguf_to_peft(read_gguf(Path(info.path)), n_head, n_head_kv)
+        if rebase and weights.base_sha256 == rebase[0]:
+            weights.base_sha256 = rebase[1]
+        write_peft(Path(target), weights)
+        return Path(target)
+    weights = peft_to_gguf(read_peft(Path(info.path)), n_head, n_head_kv)
+    if rebase and weights.base_sha256 == rebase[0]:
+        weights.base_sha256 = rebase[1]
+    weights.architecture = info.architecture or architecture
+    write_gguf(Path(target), weights)
+    return Path(target)
 
 
 def _module_order(module: str) -> tuple[int, int]:

@@ -393,6 +393,69 @@ class SessionManager:
                  for b, v, t in zip(rows_base, rows_variant, base.tokens, strict=True)]
         return float(np.mean(diffs))
 
+    # ------------------------------------------------------------------ across backends
+
+    def cross_check(self, first: SessionSpec, second: SessionSpec, prompts: list[Prompt],
+                    n_tokens: int, cancelled: CancelCheck) -> dict[str, Any]:
+        """The same model or variant on two backends, on the same token ids.
+
+        Per prompt: both sides decode `n_tokens` greedily (no repeat penalty) from the
+        first side's tokens; then both score the first side's greedy continuation
+        teacher-forced, and the next-token distributions are compared position by
+        position (KL(first || second) in nats, and whether their top tokens agree).
+        """
+        rows = []
+        for prompt in prompts:
+            a = self.open(first, cancelled)
+            b = self.open(second, cancelled)
+            for session in (a, b):
+                session.context.cancelled = cancelled
+            tokens = self.prompt_tokens(a, prompt)
+            same_ids = self.prompt_tokens(b, prompt) == tokens
+            greedy_a = self._greedy(a, tokens, n_tokens)
+            greedy_b = self._greedy(b, tokens, n_tokens)
+            continuation = greedy_a or greedy_b[:1]
+            scored_a = a.context.score(tokens, continuation)
+            scored_b = b.context.score(tokens, continuation)
+            kls, top1 = [], []
+            for row_a, row_b in zip(scored_a, scored_b, strict=True):
+                lp_a, lp_b = log_softmax(row_a), log_softmax(row_b)
+                kls.append(float(np.sum(np.exp(lp_a) * (lp_a - lp_b))))
+                top1.append(int(np.argmax(row_a)) == int(np.argmax(row_b)))
+            div = first_divergence(greedy_a, greedy_b)
+            rows.append({"prompt_tokens": len(tokens), "same_token_ids": same_ids,
+                         "first": greedy_a, "second": greedy_b,
+                         "agreeing_tokens": len(greedy_a) if div is None else div,
+                         "kl": kls, "max_kl": max(kls), "mean_kl": float(np.mean(kls)),
+                         "top1_agreement": float(np.mean(top1))})
+        return {
+            "first": {"name": first.name, "backend": first.backend,
+                      "identity": first.identity.key, "base": first.base_name},
+            "second": {"name": second.name, "backend": second.backend,
+                       "identity": second.identity.key, "base": second.base_name},
+            "tokens": n_tokens,
+            "prompts": rows,
+            "max_kl": max(r["max_kl"] for r in rows),
+            "mean_kl": float(np.mean([r["mean_kl"] for r in rows])),
+            "top1_agreement": float(np.mean([r["top1_agreement"] for r in rows])),
+            "first_token_agreement": float(np.mean([r["first"][:1] == r["second"][:1]
+                                                    for r in rows])),
+            "min_agreeing_tokens": min(r["agreeing_tokens"] for r in rows),
+        }
+
+    def _greedy(self, session: OpenSession, prompt: list[int], n_tokens: int) -> list[int]:
+        model = self.residents[resident_key(session.spec)].model
+        logits = session.context.prefill(prompt)
+        out: list[int] = []
+        while len(out) < n_tokens:
+            token = int(np.argmax(logits))
+            if model.is_end(token):
+                break
+            out.append(token)
+            if len(out) < n_tokens:
+                logits = session.context.step(token)
+        return out
+
     # ------------------------------------------------------------------ status
 
     def describe(self) -> dict[str, Any]:

@@ -64,20 +64,25 @@ class SessionSpec:
         )
 
 
-def resolve(catalog: Catalog, name: str, n_ctx: int | None = None) -> SessionSpec:
-    """Resolve a model or variant name into what the engine needs to serve it."""
+def resolve(catalog: Catalog, name: str, n_ctx: int | None = None,
+            backend: str | None = None) -> SessionSpec:
+    """Resolve a model or variant name into what the engine needs to serve it.
+
+    `backend` serves it on another backend than its base's: the base's counterpart
+    there and each adapter's file for that backend (`Catalog.serving_base`).
+    """
     kind, record = catalog.find(name)
-    identity = catalog.identity(name, n_ctx)
+    identity = catalog.identity(name, n_ctx, backend)
+    base = catalog.model(catalog.serving_base(name, backend))
     if kind == "model":
-        base, adapters, profile = record, (), {}
+        adapters, profile = (), {}
     else:
-        base = catalog.model(record["base"])
         profile = record["profile"]
         adapters = tuple(
             AdapterFile(a["name"], stored["path"], stored["sha256"], a["scale"],
                         stored.get("config_sha256"))
             for a in record["adapters"]
-            for stored in (catalog.adapter(a["name"]),)
+            for stored in (catalog.adapter_file(a["name"], base["backend"]),)
         )
     sampling = Sampling.from_dict({k: profile[k] for k in
                                    ("temperature", "top_p", "top_k", "repeat_penalty", "seed",

@@ -1,0 +1,108 @@
+"""OpenVINO GenAI's own MODE_DYNAMIC LoRA, run beside our backend as a cross-check.
+
+Our OpenVINO backend inserts the LoRA branches itself, to get logits. This module
+runs the same IR and the same adapter files through `openvino_genai.LLMPipeline`:
+the adapters are registered with `AdapterConfig(MODE_DYNAMIC)` when the pipeline is
+built and selected per `generate` call (the base is an empty `AdapterConfig()`), with
+`scale × alpha / rank` as OpenVINO's alpha (it ignores adapter_config.json's alpha).
+Everything OpenVINO prints on stderr while doing so (its only signal for LoRA tensors
+that attach to nothing: "There unused LoRA tensors") is captured and returned in the
+report, and still copied to the engine's stderr, so it is never lost.
+
+Engine process only; the adapters were validated (digest, safetensors library,
+coverage) when their session opened, before OpenVINO reads them here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from engine import artifacts, validation
+from engine.errors import Cancelled, EngineError
+from engine.spec import SessionSpec
+
+UNUSED_MARK = "Unused LoRA tensor:"
+
+
+@contextlib.contextmanager
+def captured_stderr(lines: list[str]) -> Iterator[None]:
+    """Collect what native code writes to fd 2; copy it back to stderr afterwards."""
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            data = sink.read()
+            if data:
+                os.write(2, data)
+            lines.extend(line for line in data.decode("utf-8", "replace").splitlines()
+                         if line.strip())
+
+
+def run(spec: SessionSpec, continuations: list[list[int]], prompts: list[Any],
+        manager: Any, cancelled: Callable[[], bool]) -> dict[str, Any]:
+    """Greedy tokens from OpenVINO GenAI for `spec`, and what it printed on stderr."""
+    import openvino_genai
+
+    from engine import openvino_backend, openvino_build
+
+    session = manager.open(spec, cancelled)
+    token_lists = [manager.prompt_tokens(session, prompt) for prompt in prompts]
+    path = Path(spec.base_path)
+    folder = path if path.is_dir() else openvino_build.ir_for_gguf(path, spec.identity.base_sha256)
+    stderr: list[str] = []
+    outputs: list[list[int]] = []
+    with captured_stderr(stderr):
+        try:
+            config = openvino_genai.AdapterConfig(openvino_genai.AdapterConfig.Mode.MODE_DYNAMIC)
+            for adapter in spec.adapters:
+                info = artifacts.inspect_path(Path(adapter.path))
+                alpha = validation.effective_multiplier(info, adapter.scale)
+                config.add(openvino_genai.Adapter(adapter.path), alpha)
+            properties = {k: v for k, v in openvino_backend.COMPILE_CONFIG.items()
+                          if k in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")}
+            pipeline = openvino_genai.LLMPipeline(str(folder), "CPU", adapters=config,
+                                                  **properties)
+            for tokens, continuation in zip(token_lists, continuations, strict=True):
+                if cancelled():
+                    raise Cancelled("cancelled")
+                generation = openvino_genai.GenerationConfig()
+                generation.max_new_tokens = max(1, len(continuation))
+                generation.do_sample = False
+                generation.adapters = config
+                inputs = openvino_genai.TokenizedInputs(_tensor(tokens),
+                                                        _tensor([1] * len(tokens)))
+                result = pipeline.generate(inputs, generation)
+                outputs.append([int(t) for t in result.tokens[0]])
+            del pipeline
+        except RuntimeError as exc:
+            raise EngineError("OpenVINO GenAI failed on this adapter set",
+                              details=(str(exc).strip()[-400:],)) from None
+    unused = [line.split(UNUSED_MARK, 1)[1].strip() for line in stderr if UNUSED_MARK in line]
+    agreeing = []
+    for ours, theirs in zip(continuations, outputs, strict=True):
+        n = 0
+        for x, y in zip(ours, theirs, strict=False):
+            if x != y:
+                break
+            n += 1
+        agreeing.append(n)
+    return {"mode": "MODE_DYNAMIC", "tokens": outputs, "agreeing_tokens": agreeing,
+            "stderr": stderr, "warnings": [line for line in stderr if "WARNING" in line],
+            "unused_tensors": unused}
+
+
+def _tensor(values: list[int]) -> Any:
+    import numpy as np
+    import openvino as ov
+
+    return ov.Tensor(np.asarray([values], dtype=np.int64))
