@@ -41,3 +41,20 @@ def test_failed_task_reports_the_message(qtbot) -> None:
     with qtbot.waitSignal(task.failed, timeout=60_000) as failed:
         task.start()
     assert failed.args == ["nope: bad adapter"]
+
+
+def test_signal_emit_keeps_bool_refcounts(qtbot) -> None:
+    """PySide6 6.12.0 loses a reference to True per emit; the app would abort."""
+    import sys
+
+    from PySide6.QtCore import QObject, Signal
+
+    class Emitter(QObject):
+        ping = Signal(str, list)
+
+    emitter = Emitter()
+    emitter.ping.connect(lambda *_: None)
+    before = sys.getrefcount(True)
+    for _ in range(1000):
+        emitter.ping.emit("x", [1])
+    assert abs(sys.getrefcount(True) - before) < 50

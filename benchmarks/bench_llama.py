@@ -1,0 +1,131 @@
+"""llama.cpp engine benchmarks, each measured side by side in one run.
+
+1. Decode speed through the engine process against raw llama-cpp-python (`Llama`) on
+   the same prompt and token budget (target >= 0.95).
+2. A rank-8 q/v variant against its base, both through the engine (target >= 0.90).
+3. Switching variant with the base resident against a full model reload.
+4. Engine resident memory with base and variant sessions side by side against the base
+   alone (target <= 1.15x; loading the model twice would be about 2x).
+
+Runs alternate A and B several times and report medians and the ratio of medians.
+Usage: .venv/bin/python -m benchmarks.bench_llama [--rounds N] [--tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from benchmarks.common import median, scratch_home, write
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+    scratch_home()
+    from engine import artifacts, defaults
+    from engine.catalog import AdapterSpec, Catalog
+    from engine.client import EngineClient
+    from engine.spec import resolve
+    from tests import factories
+
+    catalog = Catalog()
+    catalog.ensure_initialized()
+    base = defaults.DEFAULT_MODEL_NAME
+    info = artifacts.inspect_path(defaults.embedded_model_path())
+    import tempfile
+    from pathlib import Path
+
+    tmp = Path(tempfile.mkdtemp())
+    for name, seed in (("bench-a", 1), ("bench-b", 2)):
+        catalog.add_adapter(name, base, factories.write_gguf_lora(
+            tmp / f"{name}.gguf", info, seed=seed, strength=0.05))
+    catalog.add_variant("va", base, [AdapterSpec("bench-a", 1.0)])
+    catalog.add_variant("vb", base, [AdapterSpec("bench-b", 1.0)])
+    # Greedy with no repeat penalty and EOS ignored by a long budget: both sides decode
+    # exactly `tokens` tokens unless the model ends its answer.
+    sampling = {"temperature": 0.0, "repeat_penalty": 1.0, "max_tokens": args.tokens}
+
+    def params(name: str) -> dict[str, Any]:
+        return {"spec": resolve(catalog, name).to_dict(), "prompt": {"text": PROMPT},
+                "sampling": sampling}
+
+    client = EngineClient()
+    client.call("generate", params(base), timeout=600)  # warm up: load the model
+
+    def engine_tps(name: str) -> float:
+        stamps: list[float] = []
+        handle = client.submit("generate", params(name),
+                               lambda e: stamps.append(time.perf_counter())
+                               if e["event"] == "token" else None)
+        result = handle.wait(600)
+        # Client-observed: first token event to last, including the IPC.
+        return (len(result["token_ids"]) - 1) / (stamps[-1] - stamps[0])
+
+    import llama_cpp
+
+    raw = llama_cpp.Llama(str(defaults.embedded_model_path()), n_ctx=4096, n_batch=512,
+                          n_threads=client.call("describe")["n_threads"], verbose=False)
+    raw_tokens = raw.tokenize(PROMPT.encode(), add_bos=False)
+
+    def raw_tps() -> float:
+        raw.reset()
+        stamps = []
+        for i, _token in enumerate(raw.generate(raw_tokens, temp=0.0, repeat_penalty=1.0)):
+            stamps.append(time.perf_counter())
+            if i + 1 >= args.tokens:
+                break
+        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+
+    engine_runs, raw_runs, base_runs, variant_runs = [], [], [], []
+    for _ in range(args.rounds):
+        engine_runs.append(engine_tps(base))
+        raw_runs.append(raw_tps())
+        base_runs.append(engine_tps(base))
+        variant_runs.append(engine_tps("va"))
+    raw.close()
+
+    # Switching: base resident (open a new variant session) against a full reload.
+    switch, reload = [], []
+    for i in range(args.rounds):
+        target = "va" if i % 2 else "vb"
+        client.call("close_all", timeout=600)
+        start = time.perf_counter()
+        client.call("open", {"spec": resolve(catalog, base).to_dict()}, timeout=600)
+        reload.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        client.call("open", {"spec": resolve(catalog, target).to_dict()}, timeout=600)
+        switch.append(time.perf_counter() - start)
+
+    # Memory: a fresh engine with the base session, then the variant beside it.
+    client.close()
+    fresh = EngineClient()
+    fresh.call("generate", params(base), timeout=600)
+    base_rss = fresh.call("describe")["memory"]["rss_bytes"]
+    fresh.call("generate", params("va"), timeout=600)
+    both = fresh.call("describe")
+    both_rss = both["memory"]["rss_bytes"]
+    fresh.close()
+
+    write("llama", {
+        "prompt": PROMPT, "tokens": args.tokens, "rounds": args.rounds,
+        "engine_vs_raw": {"engine_tps": engine_runs, "raw_tps": raw_runs,
+                          "ratio": median(engine_runs) / median(raw_runs), "target": 0.95},
+        "variant_vs_base": {"base_tps": base_runs, "variant_tps": variant_runs,
+                            "ratio": median(variant_runs) / median(base_runs),
+                            "target": 0.90},
+        "switch_vs_reload": {"switch_s": switch, "reload_s": reload,
+                             "ratio": median(switch) / median(reload)},
+        "memory": {"base_rss_bytes": base_rss, "base_and_variant_rss_bytes": both_rss,
+                   "sessions": len(both["sessions"]), "ratio": both_rss / base_rss,
+                   "target": 1.15, "n_ctx": both["sessions"][0]["n_ctx"]},
+    })
+
+
+if __name__ == "__main__":
+    main()

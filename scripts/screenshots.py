@@ -1,0 +1,102 @@
+"""Render the main views of the real app into docs/screenshots/ (README images).
+
+Run under a virtual display:  xvfb-run -a -s "-screen 0 1400x900x24" \
+    .venv/bin/python scripts/screenshots.py
+It uses a scratch data directory with the embedded model, a generated adapter and
+(when present) the shipped demo variant, runs a real chat and a real comparison
+through the engine, and grabs each view.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "screenshots"
+
+
+def main() -> int:
+    os.environ["VARIANT_STUDIO_HOME"] = tempfile.mkdtemp(prefix="vs-shots-")
+    sys.path.insert(0, str(ROOT))
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from engine import artifacts, defaults
+    from engine.catalog import AdapterSpec, Catalog
+    from gui import theme
+    from gui.main_window import MainWindow
+    from tests import factories
+
+    app = QApplication(sys.argv)
+    catalog = Catalog()
+    catalog.ensure_initialized()
+    base = defaults.DEFAULT_MODEL_NAME
+    info = artifacts.inspect_path(defaults.embedded_model_path())
+    scratch = Path(tempfile.mkdtemp())
+    adapter = factories.write_gguf_lora(scratch / "sea-poet.gguf", info, seed=1, strength=0.1)
+    catalog.add_adapter("sea-poet", base, adapter, source="generated for the screenshots")
+    catalog.add_variant("smol-sea-poet", base, [AdapterSpec("sea-poet", 1.0)])
+    variants = sorted(catalog.data()["variants"])
+    demo = next((v for v in variants if v != "smol-sea-poet"), "smol-sea-poet")
+    OUT.mkdir(parents=True, exist_ok=True)
+
+    def wait(signal, ms: int = 120_000) -> None:
+        loop = QEventLoop()
+        signal.connect(loop.quit)
+        QTimer.singleShot(ms, loop.quit)
+        loop.exec()
+
+    def settle(ms: int = 300) -> None:
+        loop = QEventLoop()
+        QTimer.singleShot(ms, loop.quit)
+        loop.exec()
+
+    for mode in ("light", "dark"):
+        theme.apply(app, mode)
+        window = MainWindow()
+        window.resize(1320, 820)
+        window.show()
+        window.select(demo)
+        window.tabs.setCurrentWidget(window.detail)
+        settle()
+        window.grab().save(str(OUT / f"details-{mode}.png"))
+        window.open_compare(demo)
+        prompt = ("Book a table for two at Luigi's tomorrow at 7pm" if demo != "smol-sea-poet"
+                  else "Write a short poem about the sea.")
+        window.compare.prompt.setPlainText(prompt)
+        window.compare.max_tokens.setValue(48)
+        window.compare.run()
+        wait(window.compare.busyChanged)
+        settle()
+        window.grab().save(str(OUT / f"compare-{mode}.png"))
+        window.open_chat("smol-sea-poet")
+        window.chat.new_chat()
+        window.chat.input.setPlainText("Explain what a LoRA adapter is, with a short "
+                                       "Python example.")
+        window.chat.send()
+        wait(window.chat.answered)
+        settle()
+        window.grab().save(str(OUT / f"chat-{mode}.png"))
+        if mode == "light":
+            dialog = window.import_adapter(str(adapter))
+            dialog.next()
+            dialog.next()
+            dialog.bases.setCurrentRow(0)
+            dialog.next()
+            settle()
+            dialog.grab().save(str(OUT / "wizard-report.png"))
+            dialog.reject()
+            composer = window.compose(editing="smol-sea-poet")
+            settle()
+            composer.grab().save(str(OUT / "composer.png"))
+            composer.reject()
+        window.close()
+    print(f"screenshots written to {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
