@@ -103,11 +103,12 @@ class LogprobPlot(QWidget):
             painter.setPen(QPen(color, 1.6))
             painter.drawPath(path)
         painter.setPen(BASE_COLOR)
-        painter.drawText(QRectF(rect.right() - 170, rect.top() + 2, 70, 16),
-                         Qt.AlignmentFlag.AlignRight, "■ base")
+        # The legend sits under the plot, so it never hides a line.
+        painter.drawText(QRectF(rect.left(), rect.bottom() + 4, 80, 16),
+                         Qt.AlignmentFlag.AlignLeft, "■ base")
         painter.setPen(VARIANT_COLOR)
-        painter.drawText(QRectF(rect.right() - 95, rect.top() + 2, 90, 16),
-                         Qt.AlignmentFlag.AlignRight, "■ variant")
+        painter.drawText(QRectF(rect.left() + 70, rect.bottom() + 4, 90, 16),
+                         Qt.AlignmentFlag.AlignLeft, "■ variant")
 
 
 class _Side:
