@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import conversations
+from engine import conversations, settings
 from engine.catalog import Catalog
 from engine.conversations import ChatMessage, Conversation
 from engine.errors import StudioError
@@ -276,7 +276,10 @@ class ChatView(QWidget):
         history = [{"role": m.role, "content": m.content}
                    for m in self.conversation.messages if not m.error]
         try:
-            spec = resolve(self.catalog, self.model_name)
+            kind, _record = self.catalog.find(self.model_name)
+            # A plain base has no profile: it runs with the context size from Settings.
+            n_ctx = settings.load().context_size if kind == "model" else None
+            spec = resolve(self.catalog, self.model_name, n_ctx)
         except StudioError as exc:
             self._append_answer("", error=exc.message)
             return
