@@ -102,7 +102,18 @@ def _os_reason(path: Path, exc: OSError) -> str:
     return f"{path}: {exc.strerror or exc}"
 
 
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def printable(text: str, limit: int = 200) -> str:
-    """Make untrusted text safe to show: no control characters, bounded length."""
-    cleaned = "".join(ch if ch.isprintable() else f"\\x{ord(ch):02x}" for ch in text[:limit])
+    """Make untrusted text safe to show: no control characters, bounded length.
+
+    Characters that are not printable (controls, escapes, bidi overrides, unassigned
+    code points) are shown as Python escapes: \\x1b, \\u202e, \\U000e0001.
+    """
+    cleaned = "".join(ch if ch.isprintable() else _escape(ch) for ch in text[:limit])
     return cleaned + ("…" if len(text) > limit else "")
