@@ -117,11 +117,19 @@ class Catalog:
                 data["models"][record["name"]] = record
             return data
 
+        created = False
         with self.state.locked():
             if not self.state.path.exists():
                 from engine.statefile import write_json_atomic
 
                 write_json_atomic(self.state.path, seed(_empty()))
+                created = True
+        if created and record:
+            # The shipped demo: a trained adapter and its curated variant (optional:
+            # a missing or broken demo leaves a notice, never a broken catalog).
+            from engine.training.demo import seed_catalog
+
+            seed_catalog(self)
 
     def find(self, name: str) -> tuple[str, dict[str, Any]]:
         """(kind, record) for `name`, kind being 'model', 'adapter' or 'variant'."""
@@ -243,8 +251,14 @@ class Catalog:
         progress: digest.Progress | None = None,
         cancelled: digest.CancelCheck | None = None,
         provenance: dict[str, Any] | None = None,
+        shipped: bool = False,
     ) -> dict[str, Any]:
-        """Copy, inspect and validate an adapter, then add it. Refusal changes nothing."""
+        """Copy, inspect and validate an adapter, then add it. Refusal changes nothing.
+
+        A `provenance` record is stored in the catalog and as `provenance.json` beside
+        the stored file. `shipped` adapters (the app's own demo) are stored under
+        `<data>/shipped/` rather than `<data>/adapters/`.
+        """
         paths.check_name(name, "adapter name")
         self._check_free(name)
         base_record = self.model(base)
@@ -259,11 +273,15 @@ class Catalog:
         if isinstance(first, BaseModelInfo):
             raise RefusedError(f"{file.name} is a base model ({first.architecture}, "
                                f"{first.block_count} layers), not an adapter")
-        store_root = paths.data_dir() / "adapters"
+        store_root = paths.data_dir() / ("shipped" if shipped else "adapters")
         store_root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".import-", dir=store_root))
         try:
             stored = _copy_adapter(first, staging, progress, cancelled)
+            if provenance is not None:
+                from engine.statefile import write_json_atomic
+
+                write_json_atomic(staging / "provenance.json", provenance)
             info = artifacts.inspect_path(stored)  # validate the bytes we will serve
             if not isinstance(info, AdapterInfo):
                 raise RefusedError(f"{file.name} changed while it was imported")
@@ -276,7 +294,7 @@ class Catalog:
             sha = digest.sha256_file(Path(info.path))
             config_sha = (digest.sha256_file(Path(info.config_path))
                           if info.config_path else None)
-            final = paths.adapter_store(name)
+            final = store_root / name
             if final.exists():
                 shutil.rmtree(final)  # a leftover from an interrupted removal
             staging.rename(final)
@@ -527,6 +545,7 @@ class Catalog:
         if isinstance(first, BaseModelInfo):
             raise RefusedError(f"{file.name} is a base model, not an adapter")
         folder = paths.adapter_store(name) / backend
+        folder.parent.mkdir(parents=True, exist_ok=True)  # absent for shipped adapters
         staging = Path(tempfile.mkdtemp(prefix=".import-", dir=paths.adapter_store(name)))
         try:
             stored = _copy_adapter(first, staging, progress, cancelled)
@@ -584,6 +603,7 @@ class Catalog:
         if target is None:
             raise RefusedError(f"{record['base']} has no counterpart on {backend}")
         meta = own_base["metadata"]
+        paths.adapter_store(name).mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".convert-",
                                          dir=paths.adapter_store(name)) as tmp:
             converted = lora_io.convert_file(
@@ -631,6 +651,9 @@ class Catalog:
         self.state.update(drop)
         if kind == "adapter":
             shutil.rmtree(paths.adapter_store(name), ignore_errors=True)
+            shipped = paths.data_dir() / "shipped" / name
+            if Path(record["path"]).parent == shipped:
+                shutil.rmtree(shipped, ignore_errors=True)
         return kind
 
     def dependents(self, name: str) -> list[str]:

@@ -97,9 +97,12 @@ class TrainConfig:
         values = dict(data)
         if "targets" in values:
             targets = values["targets"]
-            if isinstance(targets, str):
-                targets = naming.parse_targets(targets)
-            values["targets"] = tuple(targets)
+            if not isinstance(targets, str):
+                targets = ",".join(str(t) for t in targets)
+            try:
+                values["targets"] = naming.parse_targets(targets)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         return TrainConfig(**values)
 
     def output_affecting(self) -> dict[str, Any]:

@@ -83,6 +83,9 @@ def read_hyper(header: gguf_file.GgufHeader) -> Hyper:
     return hyper
 
 
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (batch, kv heads, seq, dim)
+
+
 class Lora(torch.nn.Module):
     """Trainable A (rank, in) and B (out, rank) for one projection."""
 
@@ -170,18 +173,27 @@ class LlamaTorch(torch.nn.Module):
         x0, x1 = pairs[..., 0], pairs[..., 1]
         return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2)
 
-    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Final normalised hidden states, (batch, seq, n_embd), for right-padded ids."""
+    def hidden(self, tokens: torch.Tensor, past: KV | None = None, keep: bool = False
+               ) -> tuple[torch.Tensor, KV]:
+        """Final normalised hidden states, (batch, seq, n_embd), for right-padded ids.
+
+        `past` holds a shared prefix's keys and values (batch 1) computed by an earlier
+        call with `keep=True`; the tokens then continue that prefix, in every row.
+        Returns the hidden states and (with `keep`) this call's keys and values.
+        """
         h = self.hyper
         batch, seq = tokens.shape
+        start = 0 if past is None else past[0][0].shape[2]
+        total = start + seq
         x = self.frozen["token_embd.weight"][tokens]
-        pos = torch.arange(seq, dtype=torch.float64)
+        pos = torch.arange(start, total, dtype=torch.float64)
         angles = pos[:, None] * self.inv_freq[None, :]
         cos = torch.cos(angles).to(torch.float32)
         sin = torch.sin(angles).to(torch.float32)
-        mask = torch.full((seq, seq), float("-inf")).triu(1)
+        mask = torch.full((seq, total), float("-inf")).triu(start + 1)
         group = h.n_head // h.n_head_kv
         scale = 1.0 / math.sqrt(h.head_dim)
+        kept: KV = []
         for i in range(h.n_layer):
             self.check()
             a = self._rms(x, self.frozen[f"blk.{i}.attn_norm.weight"])
@@ -191,16 +203,24 @@ class LlamaTorch(torch.nn.Module):
             q = self._rope(q.transpose(1, 2), cos, sin)
             k = self._rope(k.transpose(1, 2), cos, sin)
             v = v.transpose(1, 2)
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-            scores = (q @ k.transpose(-1, -2)) * scale + mask
-            att = torch.softmax(scores, dim=-1) @ v
+            if keep:
+                kept.append((k, v))
+            if past is not None:
+                pk, pv = past[i]
+                k = torch.cat((pk.expand(batch, -1, -1, -1), k), dim=2)
+                v = torch.cat((pv.expand(batch, -1, -1, -1), v), dim=2)
+            # Grouped-query attention: query head j uses key/value head j // group.
+            q = q.reshape(batch, h.n_head_kv, group * seq, h.head_dim)
+            scores = (q @ k.transpose(-1, -2)) * scale
+            scores = scores.view(batch, h.n_head_kv, group, seq, total) + mask
+            probs = torch.softmax(scores, dim=-1).view(batch, h.n_head_kv, group * seq, total)
+            att = (probs @ v).view(batch, h.n_head, seq, h.head_dim)
             att = att.transpose(1, 2).reshape(batch, seq, h.n_embd)
             x = x + self._linear(att, i, "attn_output")
             f = self._rms(x, self.frozen[f"blk.{i}.ffn_norm.weight"])
             gate = torch.nn.functional.silu(self._linear(f, i, "ffn_gate"))
             x = x + self._linear(gate * self._linear(f, i, "ffn_up"), i, "ffn_down")
-        return self._rms(x, self.frozen["output_norm.weight"])
+        return self._rms(x, self.frozen["output_norm.weight"]), kept
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self.frozen["output.weight"].T

@@ -88,7 +88,7 @@ def trainer_logprobs(model: LlamaTorch, sequences: list[list[int]]) -> list[np.n
     out = []
     with torch.no_grad():
         for ids in sequences:
-            hidden = model.hidden(torch.tensor([ids], dtype=torch.long))[0, :-1]
+            hidden = model.hidden(torch.tensor([ids], dtype=torch.long))[0][0, :-1]
             logits = model.logits(hidden).double().numpy()
             out.append(_log_softmax(logits))
     return out

@@ -39,12 +39,29 @@ from engine.training.model import LlamaTorch
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 CHECKPOINT_FORMAT = "variant-studio-lora-checkpoint/1"
+MIN_SHARED_PREFIX = 8
 Emit = Callable[..., None]
 
 
 def set_determinism(threads: int) -> None:
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
+
+
+def shared_prefix(sequences: list[Sequence]) -> int:
+    """Length of the prefix every sequence shares and no target falls in (or after
+    whose last position a target is predicted)."""
+    first = sequences[0].tokens
+    length = min(len(s.tokens) for s in sequences)
+    for seq in sequences[1:]:
+        n = 0
+        while n < length and seq.tokens[n] == first[n]:
+            n += 1
+        length = n
+    for seq in sequences:
+        first_target = next(t for t, trained in enumerate(seq.targets) if trained)
+        length = min(length, first_target - 1)
+    return max(length, 0)
 
 
 class Trainer:
@@ -111,21 +128,33 @@ class Trainer:
     # ------------------------------------------------------------------ scoring
 
     def _target_logps(self, sequences: list[Sequence]) -> list[torch.Tensor]:
-        """Per sequence: the log-probabilities of its target tokens (in order)."""
-        length = max(len(s.tokens) for s in sequences)
+        """Per sequence: the log-probabilities of its target tokens (in order).
+
+        Sequences that share a prefix (a system prompt, DPO's common prompt) compute it
+        once: its keys and values are shared by every row of the batch.
+        """
+        prefix = shared_prefix(sequences) if len(sequences) > 1 else 0
+        if prefix < MIN_SHARED_PREFIX:
+            prefix = 0
+        length = max(len(s.tokens) for s in sequences) - prefix
         ids = torch.zeros(len(sequences), length, dtype=torch.long)
         rows, cols, targets, sizes = [], [], [], []
         for i, seq in enumerate(sequences):
-            ids[i, :len(seq.tokens)] = torch.tensor(seq.tokens, dtype=torch.long)
+            ids[i, :len(seq.tokens) - prefix] = torch.tensor(seq.tokens[prefix:],
+                                                             dtype=torch.long)
             count = 0
             for t, trained in enumerate(seq.targets):
                 if trained:
                     rows.append(i)
-                    cols.append(t - 1)
+                    cols.append(t - 1 - prefix)
                     targets.append(seq.tokens[t])
                     count += 1
             sizes.append(count)
-        hidden = self.model.hidden(ids)
+        past = None
+        if prefix:
+            head = torch.tensor([sequences[0].tokens[:prefix]], dtype=torch.long)
+            past = self.model.hidden(head, keep=True)[1]
+        hidden = self.model.hidden(ids, past)[0]
         picked = hidden[torch.tensor(rows), torch.tensor(cols)]
         logp = torch.log_softmax(self.model.logits(picked), dim=-1)
         chosen = logp.gather(1, torch.tensor(targets)[:, None])[:, 0]

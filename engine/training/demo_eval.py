@@ -1,0 +1,96 @@
+"""Measuring the demo: held-out exact-match accuracy, base against variant, as served.
+
+llama.cpp: each held-out request goes through the engine process's `compare` (the
+comparison view's own path): the base and the variant side by side, greedy, with the
+demo's system prompt on both sides. OpenVINO: the same, with the variant served on
+the OpenVINO counterpart of the base and the adapter's PEFT export.
+Drift: mean negative log-likelihood per token of unrelated text (`demo.DRIFT_TEXTS`)
+under the base and under the variant, scored by llama.cpp.
+
+No torch here; this runs in a test or benchmark process, and the drift check loads
+llama.cpp in that process (as the parity gate does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.catalog import Catalog
+from engine.training import demo
+
+SAMPLING = {"temperature": 0.0, "max_tokens": 64, "repeat_penalty": 1.0, "top_k": 40,
+            "top_p": 0.95, "seed": 0}
+
+
+def evaluate(catalog: Catalog, variant: str, rows: list[dict[str, Any]],
+             backend: str | None = None,
+             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Greedy answers of base and variant for each row, scored (see `demo.score`)."""
+    from engine.client import EngineClient
+    from engine.spec import resolve
+
+    spec = (resolve(catalog, variant, backend=backend) if backend
+            else resolve(catalog, variant)).to_dict()
+    client = EngineClient()
+    base_out, variant_out = [], []
+    try:
+        for i, row in enumerate(rows):
+            params = {"spec": spec, "sampling": SAMPLING,
+                      "prompt": {"text": demo.request_of(row), "chat": True,
+                                 "system": demo.SYSTEM_PROMPT}}
+            result = client.call("compare", params, timeout=600)
+            base_out.append(result["base"]["text"])
+            variant_out.append(result["variant"]["text"])
+            if progress:
+                progress(i + 1, len(rows))
+    finally:
+        client.close()
+    return {
+        "backend": spec["identity"]["backend"],
+        "base": demo.score(base_out, rows),
+        "variant": demo.score(variant_out, rows),
+        "samples": [{"request": demo.request_of(r), "expected": demo.expected_call(r),
+                     "base": b, "variant": v}
+                    for r, b, v in list(zip(rows, base_out, variant_out, strict=True))[:6]],
+    }
+
+
+def drift(model_path: Path, adapter_path: Path, texts: tuple[str, ...] = demo.DRIFT_TEXTS,
+          threads: int = 2) -> dict[str, Any]:
+    """Mean NLL per token of `texts` under the base and under base + adapter (llama.cpp)."""
+    from engine.digest import sha256_file
+    from engine.llama_backend import LlamaContext, LlamaModel
+    from engine.spec import AdapterFile
+
+    model = LlamaModel(str(model_path), "drift")
+    adapter = AdapterFile("drift", str(adapter_path), sha256_file(adapter_path), 1.0)
+    out: dict[str, Any] = {"texts": len(texts)}
+    try:
+        for label, adapters in (("base", ()), ("variant", (adapter,))):
+            context = LlamaContext(model, adapters, n_ctx=512, n_batch=512, n_threads=threads)
+            total, count = 0.0, 0
+            try:
+                for text in texts:
+                    ids = _tokens(model, text)
+                    context.reset()
+                    for logits, token in zip(context.score(ids[:1], ids[1:]), ids[1:],
+                                             strict=True):
+                        shifted = logits.astype(np.float64) - logits.max()
+                        total -= shifted[token] - np.log(np.exp(shifted).sum())
+                        count += 1
+            finally:
+                context.close()
+            out[label] = total / count
+        out["tokens"] = count
+        out["delta"] = out["variant"] - out["base"]
+    finally:
+        model.close()
+    return out
+
+
+def _tokens(model: Any, text: str) -> list[int]:
+    return model.tokenize(text, add_special=False, parse_special=False)

@@ -1,0 +1,175 @@
+"""Training data and configuration: malformed lines are refused with their line numbers,
+and tokenization through llama.cpp masks exactly the tokens that should not be trained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.artifacts import BaseModelInfo
+from engine.errors import UsageError
+from engine.training import data as data_mod
+from engine.training.config import TrainConfig
+from engine.training.tokenizer import Tokenizer
+
+
+def write_lines(path: Path, lines: list[object]) -> Path:
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n"
+                            for x in lines))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizer(embedded_path: Path, base_info: BaseModelInfo):
+    with Tokenizer(embedded_path, base_info) as tok:
+        yield tok
+
+
+def test_malformed_lines_are_reported_with_line_numbers(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "bad.jsonl", [
+        {"text": "fine"},
+        "{not json",
+        "[1, 2]",
+        {"prompt": "p", "complettion": "typo"},
+        {"text": 3},
+        {"messages": [{"role": "user", "content": "hi"}]},
+        {"text": "x", "weight": "heavy"},
+        "",
+        {"messages": [{"role": "wizard", "content": "hi"},
+                      {"role": "assistant", "content": "yo"}]},
+        {"prompt": "p", "chosen": "a", "rejected": "b"},
+        {"text": "   "},
+    ])
+    with pytest.raises(data_mod.DataError) as caught:
+        data_mod.read_records(path, dpo=False)
+    message = caught.value.message
+    assert message.startswith("bad.jsonl: 9 malformed lines")
+    expected = {
+        2: "not valid JSON", 3: "expected a JSON object, got list",
+        4: "found complettion, prompt", 5: "text must be a string",
+        6: "no assistant turn", 7: "weight must be a finite number",
+        9: "unknown role 'wizard'", 10: "train it with --dpo", 11: "text is empty",
+    }
+    details = {int(d.split(":")[0].removeprefix("line ")): d for d in caught.value.details}
+    assert set(details) == set(expected)
+    for line, reason in expected.items():
+        assert reason in details[line], details[line]
+
+
+def test_preference_lines_need_dpo_and_dpo_needs_them(tmp_path: Path) -> None:
+    pairs = write_lines(tmp_path / "p.jsonl", [
+        {"prompt": "Q", "chosen": "good", "rejected": "bad"},
+        {"messages": [{"role": "user", "content": "Q"}], "chosen": "A", "rejected": "B",
+         "weight": -0.5},
+    ])
+    records, sha = data_mod.read_records(pairs, dpo=True)
+    assert [r.kind for r in records] == ["preference", "preference"]
+    assert records[1].weight == -0.5 and len(sha) == 64
+    plain = write_lines(tmp_path / "t.jsonl", [{"text": "hello"}])
+    with pytest.raises(data_mod.DataError, match="line 1: --dpo needs preference lines"):
+        data_mod.read_records(plain, dpo=True)
+    same = write_lines(tmp_path / "s.jsonl", [{"prompt": "Q", "chosen": "A", "rejected": "A"}])
+    with pytest.raises(data_mod.DataError, match="line 1: chosen and rejected are the same"):
+        data_mod.read_records(same, dpo=True)
+
+
+def test_empty_file_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("\n\n")
+    with pytest.raises(data_mod.DataError, match="no examples"):
+        data_mod.read_records(empty, dpo=False)
+
+
+def trained_text(tok: Tokenizer, seq: data_mod.Sequence) -> str:
+    return tok.detokenize([t for t, m in zip(seq.tokens, seq.targets, strict=True) if m])
+
+
+def test_masks_follow_the_format(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    path = write_lines(tmp_path / "d.jsonl", [
+        {"prompt": "The capital of France is", "completion": " Paris."},
+        {"messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "Colour of grass?"},
+                      {"role": "assistant", "content": "Green."},
+                      {"role": "user", "content": "And the sky?"},
+                      {"role": "assistant", "content": "Blue."}]},
+        {"text": "One two three four."},
+    ])
+    for eot in (False, True):
+        ds = data_mod.load(path, tokenizer, 256, eot, False, steps=10, batch=2)
+        pair, chat, text = (e.sequences[0] for e in ds.examples)
+        assert trained_text(tokenizer, pair) == " Paris." + ("<|im_end|>" if eot else "")
+        expected = ["Green.", "Blue."]
+        if eot:
+            expected = [x + "<|im_end|>" for x in expected]
+        assert trained_text(tokenizer, chat) == "".join(expected)
+        # The prompt part is exactly what serving feeds llama.cpp for this conversation.
+        first = chat.targets.index(True)
+        rendered = tokenizer.render(
+            [data_mod.Message("system", "Be brief."),
+             data_mod.Message("user", "Colour of grass?")], add_generation_prompt=True)
+        assert list(chat.tokens[:first]) == tokenizer.prompt_tokens(rendered)
+        assert not text.targets[0] and all(text.targets[1:])
+        assert ds.kinds == ("chat", "pair", "text")
+    assert ds.system_prompt is None  # not every example shares one system message
+
+
+def test_truncation_and_small_data_warnings(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    long_answer = " ".join(["word"] * 200)
+    path = write_lines(tmp_path / "d.jsonl", [
+        {"prompt": "Say many words:", "completion": long_answer},
+        {"prompt": "Hi", "completion": " there", "weight": -1},
+    ])
+    ds = data_mod.load(path, tokenizer, 32, False, False, steps=100, batch=4)
+    assert len(ds.examples[0].sequences[0].tokens) == 32 and ds.examples[0].truncated
+    assert any(w.startswith("small data: 2 examples, each seen about 200.0 times")
+               for w in ds.warnings)
+    assert any("1 example was truncated to seq-len 32" in w for w in ds.warnings)
+    assert any("negative weight" in w for w in ds.warnings)
+    only_prompt = write_lines(tmp_path / "p.jsonl", [
+        {"prompt": long_answer, "completion": " end"}])
+    with pytest.raises(data_mod.DataError, match="line 1: nothing left to train after "
+                                                 "truncating to seq-len 32"):
+        data_mod.load(only_prompt, tokenizer, 32, False, False, steps=1, batch=1)
+
+
+def test_large_data_has_no_memorisation_warning(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    path = write_lines(tmp_path / "d.jsonl", [{"prompt": f"Item {i}:", "completion": " ok"}
+                                              for i in range(64)])
+    ds = data_mod.load(path, tokenizer, 64, False, False, steps=10, batch=4)
+    assert ds.warnings == ()
+
+
+def test_preference_pairs_share_their_prompt(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    path = write_lines(tmp_path / "p.jsonl", [
+        {"messages": [{"role": "user", "content": "Pick a colour."}], "chosen": "Blue.",
+         "rejected": "I refuse."}])
+    ds = data_mod.load(path, tokenizer, 128, True, True, steps=1, batch=1)
+    chosen, rejected = ds.examples[0].sequences
+    assert trained_text(tokenizer, chosen) == "Blue.<|im_end|>"
+    assert trained_text(tokenizer, rejected) == "I refuse.<|im_end|>"
+    first = chosen.targets.index(True)
+    assert chosen.tokens[:first] == rejected.tokens[:first]
+
+
+@pytest.mark.parametrize(("settings", "reason"), [
+    ({"rank": 0}, "rank must be a whole number"),
+    ({"lr": float("nan")}, "learning rate must be a finite number"),
+    ({"targets": "q,x"}, "unknown target 'x'"),
+    ({"steps": 2.5}, "steps must be a whole number"),
+    ({"bogus": 1}, "unknown training settings: bogus"),
+    ({"seq_len": 4}, "seq-len must be a whole number from 8"),
+])
+def test_config_refuses_bad_settings(settings: dict, reason: str) -> None:
+    with pytest.raises(UsageError, match=reason):
+        TrainConfig.from_dict(settings)
+
+
+def test_config_schedule_and_round_trip() -> None:
+    config = TrainConfig.from_dict({"targets": "v,q", "steps": 20, "lr": 1e-3})
+    assert config.targets == ("attn_q", "attn_v")
+    assert config.warmup_steps == 2
+    rates = [config.lr_at(s) for s in range(20)]
+    assert rates[0] < rates[1] < rates[2] == 1e-3 and rates[-1] < rates[2] and rates[-1] > 0
+    assert TrainConfig.from_dict(config.to_dict()) == config
