@@ -87,7 +87,9 @@ def run(spec: SessionSpec, continuations: list[list[int]], prompts: list[Any],
         except RuntimeError as exc:
             raise EngineError("OpenVINO GenAI failed on this adapter set",
                               details=(str(exc).strip()[-400:],)) from None
-    unused = [line.split(UNUSED_MARK, 1)[1].strip() for line in stderr if UNUSED_MARK in line]
+    # OpenVINO may print the same warning more than once (once per getter copy).
+    unused = list(dict.fromkeys(line.split(UNUSED_MARK, 1)[1].strip()
+                                for line in stderr if UNUSED_MARK in line))
     agreeing = []
     for ours, theirs in zip(continuations, outputs, strict=True):
         n = 0

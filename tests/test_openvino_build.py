@@ -1,0 +1,153 @@
+"""The OpenVINO default: built once from the embedded GGUF with progress, cached, named
+by structure; a fresh catalog stays fast; a GGUF can also be served directly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import cli, openvino_build, openvino_default
+from engine.catalog import Catalog
+from engine.client import EngineClient
+from engine.defaults import DEFAULT_MODEL_NAME
+from tests import factories as f
+from tests.test_openvino_helpers import cache_dir, first_build, register_default
+
+STAGES = ["verifying source", "dequantizing to F16", "converting with OpenVINO",
+          "naming layers", "describing", "done"]
+PROMPT = {"text": "Write a short poem about the sea.", "chat": True}
+GREEDY = {"temperature": 0.0, "max_tokens": 16, "repeat_penalty": 1.0}
+
+
+def test_default_is_built_once_with_progress_then_cached(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    build = first_build(tmp_path_factory)
+    result = build["result"]
+    stages = [e["stage"] for e in build["events"] if e["event"] == "progress"]
+    # With the session's own (fresh) cache the first request really built it; a cache
+    # reused across sessions (VARIANT_STUDIO_OPENVINO_CACHE) may already hold it.
+    if not build["external"]:
+        assert result["built"] is True
+        seen = list(dict.fromkeys(stages))
+        assert seen == STAGES, seen
+        for stage in STAGES:
+            fractions = [e["fraction"] for e in build["events"]
+                         if e["event"] == "progress" and e["stage"] == stage]
+            assert fractions == sorted(fractions) and 0 <= fractions[0] <= fractions[-1] <= 1
+    naming = result["naming"]
+    assert (naming["layers"], naming["renamed"], naming["cross_checked"]) == (30, 210, 210)
+    assert (naming["hidden"], naming["ffn"], naming["q_out"], naming["kv_out"]) == (
+        576, 1536, 576, 192)
+    folder = Path(result["folder"])
+    assert folder.parent.parent == cache_dir(tmp_path_factory)
+    for name in openvino_build.IR_FILES + ("config.json", "tokenizer_config.json"):
+        assert (folder / name).is_file(), name
+    assert Path(result["f16_gguf"]).stat().st_size > 200 << 20
+    # A second request is answered from the cache: nothing is rebuilt.
+    client = EngineClient()
+    try:
+        again = client.call("build_openvino_default", timeout=300)
+    finally:
+        client.close()
+    assert again["built"] is False and again["folder"] == result["folder"]
+
+
+def test_first_use_adds_the_curated_default_with_its_recipe(
+        studio_home: Path, tmp_path_factory: pytest.TempPathFactory,
+        capsys: pytest.CaptureFixture) -> None:
+    first_build(tmp_path_factory)
+    assert cli.main(["list", "--json"]) == 0
+    names = [m["name"] for m in json.loads(capsys.readouterr().out)["models"]]
+    assert names == [DEFAULT_MODEL_NAME]  # not listed before anything asked for it
+    assert cli.main(["model", "openvino-default"]) == 0
+    out = capsys.readouterr()
+    assert "210 layers named by structure" in out.out
+    assert cli.main(["show", openvino_default.NAME, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["backend"] == "openvino" and shown["format"] == "openvino"
+    assert shown["curated"] is True
+    assert shown["counterparts"] == {"llama": DEFAULT_MODEL_NAME}
+    assert shown["built_from"]["sha256"] == Catalog().model(DEFAULT_MODEL_NAME)["sha256"]
+    assert shown["built_from"]["recipe"] == openvino_build.RECIPE
+    assert shown["metadata"]["chat_template_sha256"] == (
+        Catalog().model(DEFAULT_MODEL_NAME)["metadata"]["chat_template_sha256"])
+    assert [c["status"] for c in shown["checks"]] == ["pass"]
+
+
+def test_listing_a_fresh_catalog_never_touches_openvino(tmp_path: Path) -> None:
+    env = dict(os.environ, VARIANT_STUDIO_HOME=str(tmp_path / "home"),
+               VARIANT_STUDIO_OPENVINO_CACHE=str(tmp_path / "cache"))
+    code = ("import json, sys; from engine import cli; code = cli.main(['list', '--json']); "
+            "print(json.dumps({'code': code, 'openvino': "
+            "any(m.startswith('openvino') for m in sys.modules)}), file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True)
+    report = json.loads(out.stderr.strip().splitlines()[-1])
+    assert report == {"code": 0, "openvino": False}
+    assert [m["name"] for m in json.loads(out.stdout)["models"]] == [DEFAULT_MODEL_NAME]
+    assert not any((tmp_path / "cache").glob("*"))  # nothing was built
+
+
+def test_layer_names_come_from_structure_not_names_or_positions(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    import openvino as ov
+
+    from engine.errors import RefusedError
+
+    folder = Path(first_build(tmp_path_factory)["result"]["folder"])
+    core = ov.Core()
+    model = core.read_model(str(folder / "openvino_model.xml"))
+    named = [op for op in model.get_ordered_ops() if op.get_friendly_name().startswith(
+        "__module.model.layers.")]
+    original = [op.get_friendly_name() for op in named]
+    assert len(original) == 210
+    # Erase every clue but the graph: projection and weight names become meaningless.
+    for index, op in enumerate(named):
+        op.set_friendly_name(f"MatMul_scrambled_{index}")
+        openvino_build._weight_constant(op.input_value(1).get_node()).set_friendly_name(
+            f"Constant_scrambled_{index}")
+    report = openvino_build.name_projections(model, 30)
+    assert (report.renamed, report.cross_checked) == (210, 0)
+    assert [op.get_friendly_name() for op in named] == original
+    # Weight names that contradict the structure stop the build.
+    model = core.read_model(str(folder / "openvino_model.xml"))
+    by_name = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
+    q = by_name["__module.model.layers.3.self_attn.q_proj/aten::linear/MatMul"]
+    openvino_build._weight_constant(q.input_value(1).get_node()).set_friendly_name(
+        "model.layers[3].self_attn.o_proj.weight")
+    with pytest.raises(RefusedError, match="disagrees with the weights"):
+        openvino_build.name_projections(model, 30)
+
+
+def test_a_gguf_is_served_directly_as_a_plain_openvino_base(
+        studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+        base_info, capsys: pytest.CaptureFixture) -> None:
+    from engine.spec import resolve
+
+    catalog = Catalog()
+    register_default(catalog, tmp_path_factory)
+    f16 = Path(first_build(tmp_path_factory)["result"]["f16_gguf"])
+    assert cli.main(["model", "add", "plain-ov", "--file", str(f16), "--backend",
+                     "openvino"]) == 0
+    capsys.readouterr()
+    client = EngineClient()
+    try:
+        plain, named = (client.call("generate", {"spec": resolve(catalog, name).to_dict(),
+                                                 "prompt": PROMPT, "sampling": GREEDY},
+                                    timeout=900)
+                        for name in ("plain-ov", openvino_default.NAME))
+    finally:
+        client.close()
+    assert plain["backend"] == "openvino" and len(plain["token_ids"]) == 16
+    # Same F16 weights, same GGUF reader: only the layer names differ.
+    assert plain["token_ids"] == named["token_ids"]
+    # Its layers keep generated names: an adapter is refused, with the reason.
+    adapter = f.write_peft_lora(tmp_path / "peft", base_info)
+    code = cli.main(["adapter", "add", "x", "--base", "plain-ov", "--file", str(adapter)])
+    err = capsys.readouterr().err
+    assert code == 3 and "0 of 120 tensors attach" in err and "GGUF reader" in err
