@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -103,8 +104,6 @@ def read_gguf(path: Path) -> LoraWeights:
 
 def write_peft(folder: Path, weights: LoraWeights) -> Path:
     """Write `adapter_model.safetensors` and `adapter_config.json` in canonical PEFT form."""
-    from safetensors.numpy import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for module, (a, b) in weights.layers.items():
@@ -112,8 +111,8 @@ def write_peft(folder: Path, weights: LoraWeights) -> Path:
         tensors[f"{key}.lora_A.weight"] = np.ascontiguousarray(a, dtype=np.float32)
         tensors[f"{key}.lora_B.weight"] = np.ascontiguousarray(b, dtype=np.float32)
     target = folder / "adapter_model.safetensors"
-    save_file(tensors, str(target), metadata={"format": "pt",
-                                              "architecture": weights.architecture})
+    target.write_bytes(safetensors_bytes(tensors, {"format": "pt",
+                                                   "architecture": weights.architecture}))
     roles = sorted({module.rsplit(".", 1)[-1] for module in weights.layers})
     config = {
         "peft_type": "LORA",
@@ -130,6 +129,29 @@ def write_peft(folder: Path, weights: LoraWeights) -> Path:
         config["base_model_sha256"] = weights.base_sha256
     write_json_atomic(folder / "adapter_config.json", config)
     return target
+
+
+def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> bytes:
+    """A safetensors file (F32 tensors) with a byte-for-byte reproducible header.
+
+    The safetensors library writes `__metadata__` in hash-map order, which changes from
+    process to process once there is more than one key; the same adapter must always
+    be the same bytes, so the header is written here: metadata keys sorted, tensors by
+    name, padded with spaces to 8 bytes as the format asks.
+    """
+    import struct
+
+    header: dict[str, Any] = {"__metadata__": dict(sorted(metadata.items()))}
+    blobs, offset = [], 0
+    for name in sorted(tensors):
+        raw = np.ascontiguousarray(tensors[name], dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(tensors[name].shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
 
 
 def read_peft(path: Path) -> LoraWeights:

@@ -145,6 +145,7 @@ def _check_free(catalog: Catalog, name: str) -> None:
 def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) -> dict[str, Any]:
     """Train, write the adapter files and the record, and import them (worker side)."""
     catalog = Catalog()
+    catalog.ensure_initialized()
     prepared = prepare(catalog, request)
     request, config = prepared.request, prepared.config
     base = prepared.base_record
@@ -262,15 +263,30 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
             source=f"trained by variant-studio (run {run_dir.name})", strict=True,
             provenance=record)
         result["adapter"] = adapter["name"]
-        result["openvino"] = {"imported": False, "peft": files["peft"]["file"],
-                              "reason": "no OpenVINO base for this model is in the catalog; "
-                                        "the PEFT export is in the run directory"}
+        result["openvino"] = attach_openvino(catalog, request.name, base["name"], files)
         if request.variant:
             profile = {"system_prompt": data.system_prompt} if data.system_prompt else None
             catalog.add_variant(request.variant, base["name"],
                                 [AdapterSpec(request.name, 1.0)], profile)
             result["variant"] = request.variant
     return result
+
+
+def attach_openvino(catalog: Catalog, name: str, base: str, files: dict[str, Any]
+                    ) -> dict[str, Any]:
+    """Give the new adapter its OpenVINO file when the base has an OpenVINO counterpart.
+
+    The catalog converts the stored GGUF (declaring the counterpart's digest); its
+    tensors are the run's PEFT export byte for byte, which the result reports.
+    """
+    counterpart = catalog.counterpart(base, "openvino")
+    if counterpart is None:
+        return {"attached": False, "peft_export": files["peft"]["file"],
+                "reason": f"no OpenVINO counterpart of {base} in the catalog yet; "
+                          f"`variant-studio adapter convert {name}` attaches one later"}
+    entry = catalog.convert_adapter(name, "openvino", counterpart)
+    return {"attached": True, "base": counterpart, "sha256": entry["sha256"],
+            "same_tensors_as_export": entry["sha256"] == files["peft"]["sha256"]}
 
 
 def write_adapter_files(run_dir: Path, weights: lora_io.LoraWeights, n_head: int,

@@ -1,0 +1,501 @@
+"""The Train page: pick a base and data, set the few settings that matter, start, watch
+the loss fall, cancel, and land on the new variant.
+
+Training runs in its own worker process (engine.training.client.TrainingJob); this
+page talks to it only through `TrainingClient`, a QObject that turns the worker's
+events into signals on the GUI thread. Nothing here imports torch or a native runtime.
+
+Mounting (for the main window): `page = TrainPage(catalog)`; add it as a tab; connect
+`page.variantCreated(str)` (select the new variant), `page.catalogChanged()` (refresh
+the library). `page.client` is the page's TrainingClient; `page.busy()` says whether a
+run is in progress (ask before closing the window; `page.client.cancel()` stops it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, QPointF, QRectF, Qt, Signal, Slot
+from PySide6.QtGui import QColor, QPainter, QPainterPath, QPalette, QPen
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import naming, training
+from engine.catalog import Catalog
+from engine.errors import StudioError
+from engine.protocol import error_from_payload
+from engine.training.client import TrainingJob
+from engine.training.config import TrainConfig
+from engine.training.job import TrainRequest, prepare
+
+LOSS_COLOR = QColor("#e0762b")
+
+
+class TrainingClient(QObject):
+    """One training job at a time, its events as signals (delivered on the GUI thread).
+
+    Every started job ends with exactly one of `finished`, `failed` or `cancelled`.
+    """
+
+    started = Signal(str)  # adapter name
+    stage = Signal(str)
+    dataLoaded = Signal(dict)  # examples, target_tokens, kinds, sha256, ...
+    warning = Signal(str)
+    loading = Signal(float)  # fraction of the base weights loaded
+    progress = Signal(dict)  # step, steps, loss, lr, seconds, eta, ...
+    checkpoint = Signal(int, str)
+    finished = Signal(dict)  # the job's result (adapter, variant, files, provenance)
+    failed = Signal(str, list)  # message, details
+    cancelled = Signal(str)  # checkpoint path to resume from, or ""
+    _event = Signal(object)
+
+    def __init__(self, parent: QObject | None = None, env: dict[str, str] | None = None
+                 ) -> None:
+        super().__init__(parent)
+        self._env = env
+        self._job: TrainingJob | None = None
+        self._checkpoint = ""
+        self._event.connect(self._on_event)
+
+    def busy(self) -> bool:
+        return self._job is not None
+
+    def start(self, request: TrainRequest) -> None:
+        """Start `request` (already checked with `prepare`); raises if one is running."""
+        if self._job is not None:
+            raise RuntimeError("a training run is already in progress")
+        self._checkpoint = ""
+        job = TrainingJob(request, self._event.emit, self._env)
+        self._job = job
+        job.start()
+        self.started.emit(request.name)
+
+    def cancel(self) -> None:
+        if self._job is not None:
+            self._job.cancel()
+
+    def shutdown(self) -> None:
+        """Stop a running job and wait for its worker (window closing)."""
+        job = self._job
+        if job is not None:
+            job.cancel()
+            if not job.done.wait(30):
+                job.kill()
+
+    @Slot(object)
+    def _on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "stage":
+            self.stage.emit(str(event.get("stage", "")))
+        elif kind == "data":
+            self.dataLoaded.emit(event)
+        elif kind == "warning":
+            self.warning.emit(str(event.get("message", "")))
+        elif kind == "load":
+            self.loading.emit(float(event.get("fraction", 0.0)))
+        elif kind == "progress":
+            self.progress.emit(event)
+        elif kind == "checkpoint":
+            self._checkpoint = str(event.get("path", ""))
+            self.checkpoint.emit(int(event.get("step", 0)), self._checkpoint)
+        elif kind == "stopped":
+            self._checkpoint = str(event.get("checkpoint") or "")
+        elif kind in ("finished", "failed", "cancelled"):
+            self._job = None
+            if kind == "finished":
+                self.finished.emit(event.get("result") or {})
+            elif kind == "failed":
+                error = error_from_payload(event.get("error") or {})
+                self.failed.emit(error.message, list(error.details))
+            else:
+                self.cancelled.emit(self._checkpoint)
+
+
+class LossPlot(QWidget):
+    """The training loss per step, drawn as it arrives."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.points: list[tuple[int, float]] = []
+        self.steps = 0
+        self.setMinimumHeight(160)
+        self.setToolTip("training loss per step")
+
+    def reset(self, steps: int) -> None:
+        self.points, self.steps = [], steps
+        self.update()
+
+    def add(self, step: int, loss: float) -> None:
+        if math.isfinite(loss):
+            self.points.append((step, loss))
+            self.update()
+
+    def paintEvent(self, _event: Any) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        rect = QRectF(self.rect()).adjusted(48, 8, -10, -22)
+        text = self.palette().color(QPalette.ColorRole.Text)
+        grid = QColor(text)
+        grid.setAlpha(60)
+        painter.setPen(QPen(grid, 1))
+        painter.drawRect(rect)
+        painter.setPen(text)
+        if not self.points:
+            painter.drawText(rect, Qt.AlignmentFlag.AlignCenter,
+                             "the loss appears here while training runs")
+            return
+        values = [v for _, v in self.points]
+        high, low = max(values), min(min(values), 0.0)
+        span = (high - low) or 1.0
+        last = max(self.steps, self.points[-1][0], 2)
+        painter.drawText(QRectF(0, rect.top() - 6, 44, 14), Qt.AlignmentFlag.AlignRight,
+                         f"{high:.2f}")
+        painter.drawText(QRectF(0, rect.bottom() - 8, 44, 14), Qt.AlignmentFlag.AlignRight,
+                         f"{low:.2f}")
+        painter.drawText(QRectF(rect.left(), rect.bottom() + 4, rect.width(), 14),
+                         Qt.AlignmentFlag.AlignCenter, f"step (1–{last}) · loss")
+
+        def point(step: int, value: float) -> QPointF:
+            x = rect.left() + rect.width() * (step - 1) / max(last - 1, 1)
+            return QPointF(x, rect.bottom() - rect.height() * (value - low) / span)
+
+        path = QPainterPath(point(*self.points[0]))
+        for step, value in self.points[1:]:
+            path.lineTo(point(step, value))
+        painter.setPen(QPen(LOSS_COLOR, 1.8))
+        painter.drawPath(path)
+        painter.setBrush(LOSS_COLOR)
+        painter.drawEllipse(point(*self.points[-1]), 2.5, 2.5)
+
+
+class TrainPage(QWidget):
+    """Train a LoRA adapter through the GGUF file that is served."""
+
+    variantCreated = Signal(str)
+    adapterCreated = Signal(str)
+    catalogChanged = Signal()
+
+    def __init__(self, catalog: Catalog, client: TrainingClient | None = None,
+                 parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.catalog = catalog
+        self.client = client or TrainingClient(self)
+        defaults = TrainConfig()
+        self.last_result: dict[str, Any] | None = None
+
+        self.hint = QLabel()
+        self.hint.setWordWrap(True)
+        self.base = QComboBox()
+        self.data = QLineEdit()
+        self.data.setPlaceholderText("a JSONL file: text, prompt/completion, or messages")
+        self.browse = QPushButton("Browse…")
+        self.browse.clicked.connect(self._browse)
+        data_row = QHBoxLayout()
+        data_row.addWidget(self.data, 1)
+        data_row.addWidget(self.browse)
+        self.name = QLineEdit()
+        self.name.setPlaceholderText("name of the new adapter")
+        self.variant = QLineEdit()
+        self.variant.setPlaceholderText("name of the new variant (empty: adapter only)")
+        self.name.textEdited.connect(self._suggest_variant)
+        self.steps = _spin(1, 100_000, defaults.steps)
+        self.lr = QDoubleSpinBox()
+        self.lr.setDecimals(5)
+        self.lr.setRange(0.00001, 1.0)
+        self.lr.setSingleStep(0.0001)
+        self.lr.setValue(defaults.lr)
+        self.rank = _spin(1, 256, defaults.rank)
+        self.train_eot = QCheckBox("answers learn to stop (train the end-of-turn token)")
+        self.train_eot.setChecked(True)
+        main = QFormLayout()
+        main.addRow("Base model", self.base)
+        main.addRow("Training data", data_row)
+        main.addRow("Adapter name", self.name)
+        main.addRow("Variant name", self.variant)
+        main.addRow("Steps", self.steps)
+        main.addRow("Learning rate", self.lr)
+        main.addRow("Rank", self.rank)
+        main.addRow("", self.train_eot)
+
+        # Advanced settings, folded away.
+        self.advanced_toggle = QToolButton()
+        self.advanced_toggle.setText("Advanced settings")
+        self.advanced_toggle.setCheckable(True)
+        self.advanced_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.advanced_toggle.setArrowType(Qt.ArrowType.RightArrow)
+        self.advanced_toggle.toggled.connect(self._toggle_advanced)
+        self.advanced = QGroupBox()
+        self.alpha = QDoubleSpinBox()
+        self.alpha.setRange(0.01, 10_000)
+        self.alpha.setValue(defaults.alpha)
+        self.targets = QLineEdit(",".join(short for short, role in naming.SHORT_ROLES.items()
+                                          if role in defaults.targets))
+        self.seq_len = _spin(8, 32768, defaults.seq_len)
+        self.batch = _spin(1, 4096, defaults.batch)
+        self.seed = _spin(0, 2**31 - 1, defaults.seed)
+        self.threads = _spin(1, 1024, defaults.threads)
+        self.save_every = _spin(0, 1_000_000, defaults.save_every)
+        self.dpo = QCheckBox("preference training (DPO: chosen/rejected pairs)")
+        self.dpo_beta = QDoubleSpinBox()
+        self.dpo_beta.setRange(0.001, 100)
+        self.dpo_beta.setValue(defaults.dpo_beta)
+        self.init_adapter = QComboBox()
+        adv = QFormLayout(self.advanced)
+        adv.addRow("Alpha", self.alpha)
+        adv.addRow("Targets", self.targets)
+        adv.addRow("Sequence length", self.seq_len)
+        adv.addRow("Batch", self.batch)
+        adv.addRow("Seed", self.seed)
+        adv.addRow("CPU threads", self.threads)
+        adv.addRow("Checkpoint every", self.save_every)
+        adv.addRow("", self.dpo)
+        adv.addRow("DPO beta", self.dpo_beta)
+        adv.addRow("Continue adapter", self.init_adapter)
+        self.advanced.hide()
+
+        self.start_button = QPushButton("Start training")
+        self.start_button.setDefault(True)
+        self.start_button.clicked.connect(self.start)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.cancel)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.start_button)
+        buttons.addWidget(self.cancel_button)
+        buttons.addStretch(1)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1)
+        self.progress.setValue(0)
+        self.status = QLabel("Ready.")
+        self.status.setWordWrap(True)
+        self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.warnings = QLabel()
+        self.warnings.setWordWrap(True)
+        self.warnings.setStyleSheet("color:#b36b00")
+        self.warnings.hide()
+        self.plot = LossPlot()
+
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.hint)
+        layout.addLayout(main)
+        layout.addWidget(self.advanced_toggle)
+        layout.addWidget(self.advanced)
+        layout.addLayout(buttons)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.status)
+        layout.addWidget(self.warnings)
+        layout.addWidget(self.plot, 1)
+
+        c = self.client
+        c.stage.connect(lambda stage: self._status(f"{stage[:1].upper()}{stage[1:]}…"))
+        c.dataLoaded.connect(self._data_loaded)
+        c.warning.connect(self._warning)
+        c.loading.connect(lambda f: self._status(f"Loading the base weights… {f:.0%}"))
+        c.progress.connect(self._progress)
+        c.checkpoint.connect(lambda step, _p: self._status(f"Checkpoint saved at step {step}."))
+        c.finished.connect(self._finished)
+        c.failed.connect(self._failed)
+        c.cancelled.connect(self._cancelled)
+        self.refresh()
+
+    # ---------------------------------------------------------------- state
+
+    def busy(self) -> bool:
+        return self.client.busy()
+
+    def refresh(self) -> None:
+        """Reload the base and adapter choices from the catalog."""
+        available = training.torch_available()
+        self.hint.setText(
+            "Trains a LoRA adapter through the same quantized GGUF file the app serves, "
+            "with llama.cpp's own tokens; same data, seed and settings give the same "
+            "adapter bytes." if available else
+            f"<b>Training is off.</b> {training.ENABLE_HINT}.")
+        self.start_button.setEnabled(available and not self.busy())
+        current_base, current_init = self.base.currentText(), self.init_adapter.currentText()
+        self.base.clear()
+        self.init_adapter.clear()
+        self.init_adapter.addItem("")
+        try:
+            data = self.catalog.data()
+        except StudioError as exc:
+            self._status(exc.message, error=True)
+            return
+        for record in data["models"].values():
+            if record.get("backend") == "llama" and record.get("format") == "gguf":
+                self.base.addItem(record["name"])
+        for record in data["adapters"].values():
+            if record.get("format") == "gguf":
+                self.init_adapter.addItem(record["name"])
+        for combo, value in ((self.base, current_base), (self.init_adapter, current_init)):
+            index = combo.findText(value)
+            if index >= 0:
+                combo.setCurrentIndex(index)
+
+    def request(self) -> TrainRequest:
+        """The request the form describes (not yet checked against the catalog)."""
+        settings: dict[str, Any] = {
+            "steps": self.steps.value(), "lr": self.lr.value(), "rank": self.rank.value(),
+            "train_eot": self.train_eot.isChecked(), "alpha": self.alpha.value(),
+            "targets": self.targets.text(), "seq_len": self.seq_len.value(),
+            "batch": self.batch.value(), "seed": self.seed.value(),
+            "threads": self.threads.value(), "save_every": self.save_every.value(),
+            "dpo": self.dpo.isChecked(), "dpo_beta": self.dpo_beta.value(),
+        }
+        init = self.init_adapter.currentText() or None
+        if init:  # the starting adapter decides rank, alpha and targets
+            for key in ("rank", "alpha", "targets"):
+                settings.pop(key)
+        return TrainRequest(name=self.name.text().strip(), base=self.base.currentText(),
+                            data=self.data.text().strip(), settings=settings,
+                            init_adapter=init, variant=self.variant.text().strip() or None)
+
+    @Slot()
+    def start(self) -> None:
+        if self.busy():
+            return
+        if not training.torch_available():
+            self._status(training.ENABLE_HINT, error=True)
+            return
+        try:
+            if not self.name.text().strip():
+                raise StudioError("give the new adapter a name")
+            if not self.data.text().strip():
+                raise StudioError("choose a training data file")
+            prepared = prepare(self.catalog, self.request())
+            self.client.start(prepared.request)
+        except StudioError as exc:
+            self._status(exc.message, error=True)
+            return
+        self.last_result = None
+        self.plot.reset(prepared.config.steps)
+        self.progress.setRange(0, prepared.config.steps)
+        self.progress.setValue(0)
+        self.warnings.clear()
+        self.warnings.hide()
+        self._set_running(True)
+        self._status("Starting the training worker…")
+
+    @Slot()
+    def cancel(self) -> None:
+        if self.busy():
+            self.cancel_button.setEnabled(False)
+            self._status("Cancelling…")
+            self.client.cancel()
+
+    # ---------------------------------------------------------------- events
+
+    def _set_running(self, running: bool) -> None:
+        self.start_button.setEnabled(not running and training.torch_available())
+        self.cancel_button.setEnabled(running)
+        for widget in (self.base, self.data, self.browse, self.name, self.variant,
+                       self.advanced):
+            widget.setEnabled(not running)
+
+    def _status(self, text: str, error: bool = False) -> None:
+        self.status.setStyleSheet("color:#c0392b" if error else "")
+        self.status.setText(text)
+
+    @Slot(dict)
+    def _data_loaded(self, event: dict) -> None:
+        self._status(f"Data: {event.get('examples')} examples, {event.get('target_tokens')} "
+                     f"target tokens ({', '.join(event.get('kinds', []))}).")
+
+    @Slot(str)
+    def _warning(self, message: str) -> None:
+        text = self.warnings.text()
+        self.warnings.setText((text + "\n" if text else "") + f"⚠ {message}")
+        self.warnings.show()
+
+    @Slot(dict)
+    def _progress(self, event: dict) -> None:
+        step, steps = int(event["step"]), int(event["steps"])
+        self.progress.setRange(0, steps)
+        self.progress.setValue(step)
+        self.plot.steps = steps
+        self.plot.add(step, float(event["loss"]))
+        extra = (f" · reward accuracy {event['reward_accuracy']:.2f}"
+                 if "reward_accuracy" in event else "")
+        self._status(f"Step {step}/{steps} · loss {float(event['loss']):.4f}{extra} · "
+                     f"{_duration(event.get('seconds', 0))} elapsed, about "
+                     f"{_duration(event.get('eta', 0))} left")
+
+    @Slot(dict)
+    def _finished(self, result: dict) -> None:
+        self.last_result = result
+        self._set_running(False)
+        record = result.get("provenance", {})
+        gguf = result.get("files", {}).get("gguf", {})
+        self._status(f"Done: adapter {result.get('adapter')} (sha256 "
+                     f"{str(gguf.get('sha256', ''))[:16]}…), loss "
+                     f"{record.get('loss', {}).get('first', 0):.4f} → "
+                     f"{record.get('loss', {}).get('last', 0):.4f}"
+                     + (f", variant {result['variant']}." if result.get("variant") else "."))
+        self.refresh()
+        self.catalogChanged.emit()
+        if result.get("adapter"):
+            self.adapterCreated.emit(result["adapter"])
+        if result.get("variant"):
+            self.variantCreated.emit(result["variant"])
+
+    @Slot(str, list)
+    def _failed(self, message: str, details: list) -> None:
+        self._set_running(False)
+        self._status(f"Training failed: {message}", error=True)
+        if details:
+            self.status.setToolTip("\n".join(str(d) for d in details[:20]))
+
+    @Slot(str)
+    def _cancelled(self, checkpoint: str) -> None:
+        self._set_running(False)
+        self._status("Cancelled." + (f" The last checkpoint is {checkpoint} (resume it with "
+                                     f"`variant-studio train … --resume`)."
+                                     if checkpoint else ""))
+
+    # ---------------------------------------------------------------- helpers
+
+    def _toggle_advanced(self, shown: bool) -> None:
+        self.advanced.setVisible(shown)
+        self.advanced_toggle.setArrowType(Qt.ArrowType.DownArrow if shown
+                                          else Qt.ArrowType.RightArrow)
+
+    def _suggest_variant(self, text: str) -> None:
+        if not self.variant.isModified():
+            self.variant.setText(f"{text}-variant" if text else "")
+
+    def _browse(self) -> None:
+        start = str(Path(self.data.text()).parent) if self.data.text() else os.getcwd()
+        path, _ = QFileDialog.getOpenFileName(self, "Training data", start,
+                                              "JSON lines (*.jsonl *.json);;All files (*)")
+        if path:
+            self.data.setText(path)
+
+
+def _spin(low: int, high: int, value: int) -> QSpinBox:
+    spin = QSpinBox()
+    spin.setRange(low, high)
+    spin.setValue(value)
+    return spin
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"{seconds} s"

@@ -1,0 +1,115 @@
+"""The Train page (offscreen): a short training run from the form to the new variant,
+a cancelled run that imports nothing, and the hint when PyTorch is missing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.catalog import Catalog
+from engine.defaults import DEFAULT_MODEL_NAME as BASE
+from engine.training import torch_available
+from gui.train_page import TrainPage
+
+pytestmark = pytest.mark.skipif(not torch_available(),
+                                reason="PyTorch (the [train] extra) is not installed")
+
+
+def small_data(path: Path) -> Path:
+    rows = [{"prompt": f"Q: {i} + 1 =", "completion": f" {i + 1}"} for i in range(12)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def page(qtbot, studio_home: Path):
+    catalog = Catalog()
+    catalog.ensure_initialized()
+    widget = TrainPage(catalog)
+    qtbot.addWidget(widget)
+    yield widget
+    widget.client.shutdown()  # never leave a worker behind
+
+
+def fill(page: TrainPage, data: Path, name: str, steps: int) -> None:
+    page.base.setCurrentText(BASE)
+    page.data.setText(str(data))
+    page.name.setText(name)
+    page.variant.setText(f"{name}-v")
+    page.steps.setValue(steps)
+    page.advanced_toggle.setChecked(True)
+    page.seq_len.setValue(40)
+    page.batch.setValue(2)
+    page.rank.setValue(4)
+
+
+def test_short_training_lands_on_the_new_variant(qtbot, page: TrainPage,
+                                                 tmp_path: Path) -> None:
+    fill(page, small_data(tmp_path / "d.jsonl"), "gui-a", 3)
+    assert not page.advanced.isHidden()
+    steps: list[int] = []
+    page.client.progress.connect(lambda e: steps.append(e["step"]))
+    warnings: list[str] = []
+    page.client.warning.connect(warnings.append)
+    with qtbot.waitSignal(page.variantCreated, timeout=600_000) as created:
+        page.start_button.click()
+        assert page.busy() and not page.start_button.isEnabled()
+        assert page.cancel_button.isEnabled()
+    assert created.args == ["gui-a-v"]
+    assert steps == [1, 2, 3]
+    assert [s for s, _ in page.plot.points] == [1, 2, 3]
+    assert page.progress.maximum() == 3 and page.progress.value() == 3
+    assert any("small data" in w for w in warnings) and not page.warnings.isHidden()
+    assert page.status.text().startswith("Done: adapter gui-a")
+    assert not page.busy() and page.start_button.isEnabled()
+    catalog = Catalog()
+    assert catalog.variant("gui-a-v")["adapters"] == [{"name": "gui-a", "scale": 1.0}]
+    record = catalog.adapter("gui-a")["provenance"]
+    assert record["config"]["rank"] == 4 and record["steps"] == 3
+    assert page.init_adapter.findText("gui-a") >= 0  # the page refreshed its choices
+
+
+def test_cancel_stops_the_run_and_imports_nothing(qtbot, page: TrainPage,
+                                                  tmp_path: Path) -> None:
+    fill(page, small_data(tmp_path / "d.jsonl"), "gui-c", 200)
+    page.save_every.setValue(1)
+    with qtbot.waitSignal(page.client.progress, timeout=600_000):
+        page.start_button.click()
+    with qtbot.assertNotEmitted(page.variantCreated), \
+            qtbot.assertNotEmitted(page.client.finished), \
+            qtbot.waitSignal(page.client.cancelled, timeout=120_000) as cancelled:
+        page.cancel_button.click()
+        assert page.status.text() == "Cancelling…" and not page.cancel_button.isEnabled()
+    checkpoint = Path(cancelled.args[0])
+    assert checkpoint.is_file()
+    assert page.status.text().startswith("Cancelled. The last checkpoint is")
+    assert not page.busy() and page.start_button.isEnabled()
+    assert not page.cancel_button.isEnabled() and page.name.isEnabled()
+    assert 1 <= len(page.plot.points) < 200
+    data = Catalog().data()
+    assert "gui-c" not in data["adapters"] and "gui-c-v" not in data["variants"]
+
+
+def test_bad_requests_are_refused_in_the_page(qtbot, page: TrainPage, tmp_path: Path) -> None:
+    page.start_button.click()
+    assert page.status.text() == "give the new adapter a name" and not page.busy()
+    fill(page, tmp_path / "missing.jsonl", "gui-x", 3)
+    page.start_button.click()
+    assert "does not exist" in page.status.text() and not page.busy()
+    fill(page, small_data(tmp_path / "d.jsonl"), BASE, 3)
+    page.start_button.click()
+    assert "already used" in page.status.text() and not page.busy()
+
+
+def test_missing_torch_explains_how_to_enable_training(qtbot, studio_home: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("engine.training.torch_available", lambda: False)
+    catalog = Catalog()
+    catalog.ensure_initialized()
+    widget = TrainPage(catalog)
+    qtbot.addWidget(widget)
+    assert "Training is off" in widget.hint.text()
+    assert "pip install 'variant-studio[train]'" in widget.hint.text()
+    assert not widget.start_button.isEnabled()

@@ -1,0 +1,205 @@
+"""Training end to end through the worker process, with small settings: the same inputs
+write the same bytes, a cancelled run resumes to the same bytes, records are complete,
+DPO starts at log 2 against the frozen base, and an adapter can be continued."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine import cli, lora_io
+from engine.catalog import Catalog
+from engine.defaults import DEFAULT_MODEL_NAME as BASE
+from engine.errors import Cancelled, UsageError
+from engine.training import torch_available
+from engine.training.client import TrainingJob
+from engine.training.job import TrainRequest
+
+pytestmark = pytest.mark.skipif(not torch_available(),
+                                reason="PyTorch (the [train] extra) is not installed")
+
+SMALL = {"steps": 3, "batch": 2, "seq_len": 48, "rank": 4, "alpha": 8.0, "lr": 5e-3,
+         "train_eot": True}
+REQUIRED = ("base_sha256", "data_sha256", "adapter_sha256", "seed", "config", "versions")
+
+
+def sft_data(path: Path) -> Path:
+    rows = [{"prompt": f"Q: what is {i} plus {i}?\nA:", "completion": f" {2 * i}"}
+            for i in range(10)]
+    rows.append({"messages": [{"role": "user", "content": "Name a colour."},
+                              {"role": "assistant", "content": "Teal."}], "weight": 0.5})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def run_job(request: TrainRequest, on_event: Any = None) -> tuple[dict, list[dict]]:
+    events: list[dict] = []
+
+    def record(event: dict) -> None:
+        events.append(event)
+        if on_event:
+            on_event(event)
+
+    result = TrainingJob(request, record).start().wait(600)
+    return result, events
+
+
+def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_same_inputs_same_bytes_cancel_resume_and_provenance(
+        studio_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+        base_info) -> None:
+    data = sft_data(tmp_path / "data.jsonl")
+    flags = ["--steps", "3", "--batch", "2", "--seq-len", "48", "--rank", "4", "--alpha",
+             "8", "--lr", "5e-3", "--train-eot"]
+    code, out, err = run_cli(capsys, "train", "a", "--base", BASE, "--data", str(data),
+                             *flags, "--variant", "va", "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    assert "small data: 11 examples" in err  # warned before the first step
+    assert first["adapter"] == "a" and first["variant"] == "va"
+    again, _ = run_job(TrainRequest("b", BASE, str(data), dict(SMALL)))
+    for kind in ("gguf", "peft"):
+        assert again["files"][kind]["sha256"] == first["files"][kind]["sha256"], kind
+
+    # A different seed is a different adapter.
+    other, _ = run_job(TrainRequest("s", BASE, str(data), {**SMALL, "seed": 1},
+                                    register=False))
+    assert other["files"]["gguf"]["sha256"] != first["files"]["gguf"]["sha256"]
+
+    # Cancel after the first checkpoint, then resume: the same bytes as uninterrupted.
+    job_events: list[dict] = []
+    job = TrainingJob(TrainRequest("c", BASE, str(data), {**SMALL, "save_every": 1}),
+                      job_events.append)
+    cancelled_once = threading.Event()
+
+    def on_event(event: dict) -> None:
+        if event.get("event") == "checkpoint" and not cancelled_once.is_set():
+            cancelled_once.set()
+            job.cancel()
+
+    job.on_event = lambda e: (job_events.append(e), on_event(e))
+    job.start()
+    with pytest.raises(Cancelled):
+        job.wait(600)
+    stopped = [e for e in job_events if e["event"] == "stopped"]
+    assert len(stopped) == 1 and 1 <= stopped[0]["step"] < 3
+    checkpoint = Path(stopped[0]["checkpoint"])
+    assert checkpoint.is_file()
+    assert job_events[-1]["event"] == "cancelled"
+    assert "c" not in Catalog().data()["adapters"]  # nothing imported on cancel
+    resumed, events = run_job(TrainRequest("c", BASE, str(data), {**SMALL, "save_every": 1},
+                                           resume=str(checkpoint)))
+    assert [e for e in events if e["event"] == "resumed"][0]["step"] >= 1
+    assert resumed["files"]["gguf"]["sha256"] == first["files"]["gguf"]["sha256"]
+    assert resumed["files"]["peft"]["sha256"] == first["files"]["peft"]["sha256"]
+    assert resumed["provenance"]["resumed_from"]["step"] >= 1
+
+    # The record: in the run directory, beside the stored adapter, and in `show`.
+    run_dir = Path(first["run_dir"])
+    record = json.loads((run_dir / "provenance.json").read_text())
+    for key in REQUIRED:
+        assert key in record, key
+    assert record["adapter_sha256"] == first["files"]["gguf"]["sha256"]
+    assert record["base_sha256"] == Catalog().model(BASE)["sha256"]
+    assert record["config"]["rank"] == 4 and record["config"]["train_eot"] is True
+    assert set(record["versions"]) >= {"variant-studio", "torch", "gguf", "llama-cpp-python"}
+    assert record["platform"]["cpu"] and record["steps"] == 3
+    assert record["loss"]["steps"] == 3 and len(record["loss"]["curve"]) == 3
+    assert record["init_adapter"] is None and record["time"]["train_seconds"] > 0
+    stored = Path(Catalog().adapter("a")["path"])
+    assert json.loads((stored.parent / "provenance.json").read_text()) == record
+    code, out, _ = run_cli(capsys, "show", "a", "--json")
+    shown = json.loads(out)
+    assert code == 0 and shown["provenance"] == record and shown["status"] == "pass"
+    code, out, _ = run_cli(capsys, "show", "a")
+    assert code == 0 and "provenance:" in out and f"data_sha256: {record['data_sha256']}" in out
+    variant = json.loads(run_cli(capsys, "show", "va", "--json")[1])
+    assert [a["name"] for a in variant["adapters"]] == ["a"]
+
+    # Both exports hold the same adapter: PEFT is the GGUF with q rows in HF order.
+    gguf = lora_io.read_gguf(run_dir / "adapter.gguf")
+    peft = lora_io.read_peft(run_dir / "peft")
+    expected = lora_io.gguf_to_peft(gguf, base_info.head_count, base_info.head_count_kv)
+    assert set(peft.layers) == set(gguf.layers) and len(gguf.layers) == 60
+    for module, (a, b) in expected.layers.items():
+        assert np.array_equal(peft.layers[module][0], a)
+        assert np.array_equal(peft.layers[module][1], b)
+    q = "model.layers.0.self_attn.q_proj"
+    assert not np.array_equal(peft.layers[q][1], gguf.layers[q][1])  # permuted rows
+    assert gguf.base_sha256 == record["base_sha256"] and gguf.alpha == 8.0
+
+
+def test_dpo_starts_at_log2_and_continuing_names_the_start(
+        studio_home: Path, tmp_path: Path) -> None:
+    prefs = tmp_path / "prefs.jsonl"
+    prefs.write_text("".join(json.dumps({
+        "messages": [{"role": "user", "content": f"Say yes or no ({i})."}],
+        "chosen": "Yes.", "rejected": "No."}) + "\n" for i in range(6)))
+    result, events = run_job(TrainRequest("pref", BASE, str(prefs),
+                                          {**SMALL, "dpo": True, "dpo_beta": 0.5,
+                                           "lr": 2e-2, "steps": 4}))
+    progress = [e for e in events if e["event"] == "progress"]
+    # The adapter starts at zero, so the policy equals the frozen reference.
+    assert abs(progress[0]["loss"] - math.log(2)) < 1e-3
+    assert progress[-1]["loss"] < progress[0]["loss"] - 0.01
+    assert progress[-1]["reward_accuracy"] == 1.0
+    assert result["provenance"]["method"] == "dpo"
+
+    data = sft_data(tmp_path / "data.jsonl")
+    with pytest.raises(UsageError, match="differs from the starting adapter"):
+        run_job(TrainRequest("more", BASE, str(data), {"rank": 8, "steps": 1},
+                             init_adapter="pref"))
+    more, _ = run_job(TrainRequest("more", BASE, str(data),
+                                   {"steps": 1, "batch": 2, "seq_len": 48},
+                                   init_adapter="pref"))
+    record = more["provenance"]
+    pref_sha = Catalog().adapter("pref")["sha256"]
+    assert record["init_adapter"] == {"name": "pref", "sha256": pref_sha,
+                                      "source": Catalog().adapter("pref")["source"]}
+    assert record["config"]["rank"] == 4 and record["config"]["alpha"] == 8.0
+    assert more["files"]["gguf"]["sha256"] != pref_sha
+
+
+def test_cli_refuses_bad_requests_before_starting(
+        studio_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    data = sft_data(tmp_path / "data.jsonl")
+    cases = [
+        (["train", "x", "--base", "nope", "--data", str(data)], 4, "no model, adapter"),
+        (["train", "x", "--base", BASE, "--data", str(tmp_path / "missing.jsonl")], 2,
+         "does not exist"),
+        (["train", BASE, "--base", BASE, "--data", str(data)], 2, "already used"),
+        (["train", "x", "--base", BASE, "--data", str(data), "--rank", "0"], 2,
+         "rank must be"),
+        (["train", "x", "--base", BASE, "--data", str(data), "--targets", "q,zz"], 2,
+         "unknown target"),
+        (["train", "x", "--base", BASE, "--data", str(data), "--variant", "x"], 2,
+         "name of its own"),
+    ]
+    for argv, code, reason in cases:
+        got, _, err = run_cli(capsys, *argv)
+        assert got == code and reason in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.setattr("engine.training.torch_available", lambda: False)
+    got, _, err = run_cli(capsys, "train", "x", "--base", BASE, "--data", str(data))
+    assert got == 3 and "pip install 'variant-studio[train]'" in err
+    assert not (studio_home / "training").exists()
+
+
+def test_malformed_data_fails_with_line_numbers_in_the_worker(
+        studio_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "ok"}\n{"prompt": 1, "completion": "x"}\n')
+    code, _, err = run_cli(capsys, "train", "x", "--base", BASE, "--data", str(bad))
+    assert code == 3 and "line 2: prompt must be a string" in err
+    assert "x" not in Catalog().data()["adapters"]
