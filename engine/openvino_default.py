@@ -66,9 +66,10 @@ def ensure_default(catalog: Catalog, builder: Builder | None = None,
     """The catalog record of the OpenVINO default, building and adding it if needed."""
     if is_registered(catalog):
         record = catalog.model(NAME)
-        if Path(record["path"]).is_dir():
+        if Path(record["path"]).is_dir() and catalog.verify_base(NAME).ok:
             return record
-        # The build cache was cleared: build again and replace the record below.
+        # The build cache was cleared or changed: build again and replace the record
+        # below (a new digest means a new identity, so no warm state is reused).
         catalog.state.update(lambda data: (data["models"].pop(NAME, None), data)[1])
     source = defaults.embedded_model_path()
     if source is None:

@@ -1,0 +1,203 @@
+"""OpenVINO engine benchmarks, each measured side by side in one run.
+
+1. OpenVINO base against an OpenVINO variant (rank-8 q/v PEFT adapter, dynamic LoRA
+   over the same compiled model), both through the engine.
+2. OpenVINO against llama.cpp on the same model: the OpenVINO default (F16 IR) against
+   llama.cpp on the F16 copy it was built from (the same weights) and on the embedded
+   Q4_1 default, and the same converted adapter as a variant on both backends.
+3. Our engine loop (InferRequest + numpy sampler) against OpenVINO GenAI's own
+   `LLMPipeline` decoding the same IR, to show what driving the model ourselves costs.
+4. Session costs: the first LoRA build (compile) against opening another variant on
+   registered layers (no rebuild), and resident memory with base and variant sessions.
+5. Parity numbers (KL of next-token distributions) for the record.
+
+Rounds alternate the sides; medians and ratios of medians are reported (this machine
+is shared: single runs are noise). Writes benchmarks/out/openvino.json.
+Usage: .venv/bin/python -m benchmarks.bench_openvino [--rounds N] [--tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import median, scratch_home, write
+
+PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=96)
+    args = parser.parse_args()
+    scratch_home()
+    from engine import artifacts, defaults, openvino_default
+    from engine.catalog import AdapterSpec, Catalog
+    from engine.client import EngineClient
+    from engine.spec import resolve
+    from tests import factories
+
+    catalog = Catalog()
+    catalog.ensure_initialized()
+    started = time.perf_counter()
+    ov = openvino_default.ensure_default(catalog)["name"]
+    build_or_register_s = time.perf_counter() - started
+    llama = defaults.DEFAULT_MODEL_NAME
+    info = artifacts.inspect_path(defaults.embedded_model_path())
+    tmp = Path(tempfile.mkdtemp())
+    f16 = Path(catalog.model(ov)["built_from"]["f16_gguf"])
+    catalog.add_model("llama-f16", f16, "llama")
+    source = factories.write_gguf_lora(tmp / "a.gguf", info, seed=1, strength=0.05)
+    catalog.add_adapter("bench-a", llama, source)
+    catalog.convert_adapter("bench-a", "openvino")
+    catalog.add_adapter("bench-a16", "llama-f16", source)
+    catalog.add_adapter("bench-b", ov, factories.write_peft_lora(tmp / "b", info, seed=2,
+                                                                 strength=0.05))
+    catalog.add_variant("va", llama, [AdapterSpec("bench-a", 1.0)])
+    catalog.add_variant("va16", "llama-f16", [AdapterSpec("bench-a16", 1.0)])
+    catalog.add_variant("vb", ov, [AdapterSpec("bench-b", 1.0)])
+    sampling = {"temperature": 0.0, "repeat_penalty": 1.0, "max_tokens": args.tokens}
+
+    def params(name: str, backend: str | None = None) -> dict[str, Any]:
+        return {"spec": resolve(catalog, name, backend=backend).to_dict(),
+                "prompt": {"text": PROMPT}, "sampling": sampling}
+
+    ov_client, llama_client = EngineClient(), EngineClient()
+    clients = {"openvino": ov_client, "llama": llama_client}
+
+    def tps(backend: str, name: str, serve_on: str | None = None) -> float:
+        stamps: list[float] = []
+        handle = clients[backend].submit(
+            "generate", params(name, serve_on),
+            lambda e: stamps.append(time.perf_counter()) if e["event"] == "token" else None)
+        result = handle.wait(1800)
+        assert result["backend"] == backend
+        return (len(result["token_ids"]) - 1) / (stamps[-1] - stamps[0])
+
+    # Session costs on a fresh OpenVINO engine: first load, first LoRA build, switch.
+    timings = {}
+    for label, name in (("load_base_s", ov), ("first_lora_build_s", "vb"),
+                        ("open_other_variant_s", "va")):
+        start = time.perf_counter()
+        ov_client.call("open", {"spec": resolve(catalog, name, backend="openvino").to_dict()},
+                       timeout=1800)
+        timings[label] = time.perf_counter() - start
+    for name in (llama, "llama-f16", "va", "va16"):  # warm up llama.cpp
+        llama_client.call("generate", {**params(name), "sampling": {**sampling,
+                                                                    "max_tokens": 2}})
+
+    sides: dict[str, list[float]] = {k: [] for k in (
+        "ov_base", "ov_variant", "ov_converted_variant", "llama_f16", "llama_q4_1",
+        "llama_variant_q4_1", "llama_variant_f16", "genai_pipeline")}
+    genai = _GenaiPipeline(catalog.model(ov)["path"], args.tokens)
+    for _ in range(args.rounds):
+        sides["ov_base"].append(tps("openvino", ov))
+        sides["ov_variant"].append(tps("openvino", "vb"))
+        sides["llama_f16"].append(tps("llama", "llama-f16"))
+        sides["ov_converted_variant"].append(tps("openvino", "va", "openvino"))
+        sides["llama_q4_1"].append(tps("llama", llama))
+        sides["llama_variant_q4_1"].append(tps("llama", "va"))
+        sides["llama_variant_f16"].append(tps("llama", "va16"))
+        sides["genai_pipeline"].append(genai.tps(PROMPT))
+    genai.close()
+
+    base_rss = _fresh_rss(resolve, catalog, sampling, [ov])
+    both_rss = _fresh_rss(resolve, catalog, sampling, [ov, "vb"])
+
+    prompts = [{"text": p, "chat": True} for p in (
+        "Write a short poem about the sea.", "What is the capital of France?",
+        "Give me three tips for learning to cook.",
+        "Explain what a neural network is in one sentence.")]
+
+    def cross(first: str, second: str, first_backend: str | None = None) -> dict[str, Any]:
+        result = ov_client.call("cross_check", {
+            "first": resolve(catalog, first, backend=first_backend).to_dict(),
+            "second": resolve(catalog, second, backend="openvino").to_dict(),
+            "prompts": prompts, "tokens": 8}, timeout=1800)
+        return {k: result[k] for k in ("max_kl", "mean_kl", "top1_agreement",
+                                        "first_token_agreement", "min_agreeing_tokens")}
+
+    parity = {"base_same_weights": cross("llama-f16", ov),
+              "base_defaults": cross(llama, ov),
+              "variant_same_weights": cross("va16", "va"),
+              "variant_defaults": cross("va", "va", "llama")}
+    described = ov_client.call("describe", timeout=60)
+    ov_client.close()
+    llama_client.close()
+
+    def ratio(a: str, b: str) -> float:
+        return median(sides[a]) / median(sides[b])
+
+    write("openvino", {
+        "prompt": PROMPT, "tokens": args.tokens, "rounds": args.rounds,
+        "threads": os.environ.get("VARIANT_STUDIO_THREADS") or "all cores",
+        "tokens_per_second": sides,
+        "medians": {k: median(v) for k, v in sides.items()},
+        "ratios": {
+            "ov_variant_vs_ov_base": ratio("ov_variant", "ov_base"),
+            "ov_base_vs_llama_f16": ratio("ov_base", "llama_f16"),
+            "ov_base_vs_llama_q4_1": ratio("ov_base", "llama_q4_1"),
+            "ov_converted_variant_vs_llama_variant_q4_1": ratio("ov_converted_variant",
+                                                                "llama_variant_q4_1"),
+            "ov_converted_variant_vs_llama_variant_f16": ratio("ov_converted_variant",
+                                                               "llama_variant_f16"),
+            "ov_engine_vs_genai_pipeline": ratio("ov_base", "genai_pipeline"),
+        },
+        "sessions": {**timings, "build_or_register_default_s": build_or_register_s,
+                     "pipeline_builds": described["residents"][0]["pipeline_builds"]},
+        "memory": {"base_rss_bytes": base_rss, "base_and_variant_rss_bytes": both_rss,
+                   "ratio": both_rss / base_rss},
+        "parity_kl_nats": parity,
+    })
+
+
+class _GenaiPipeline:
+    """OpenVINO GenAI's LLMPipeline on the same IR, greedy, timed per streamed token."""
+
+    def __init__(self, folder: str, tokens: int) -> None:
+        import openvino_genai
+
+        from engine.openvino_backend import COMPILE_CONFIG
+
+        props = {k: v for k, v in COMPILE_CONFIG.items()
+                 if k in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")}
+        threads = int(os.environ.get("VARIANT_STUDIO_THREADS", "0"))
+        if threads:  # the same thread budget as the engine
+            props["INFERENCE_NUM_THREADS"] = str(threads)
+        self.pipeline = openvino_genai.LLMPipeline(folder, "CPU", **props)
+        self.config = openvino_genai.GenerationConfig()
+        self.config.max_new_tokens = tokens
+        self.config.min_new_tokens = tokens
+        self.config.do_sample = False
+        self.config.apply_chat_template = False
+
+    def tps(self, prompt: str) -> float:
+        """Decode speed from OpenVINO GenAI's own metrics (time per output token)."""
+        result = self.pipeline.generate([prompt], self.config)
+        return 1000.0 / result.perf_metrics.get_tpot().mean
+
+    def close(self) -> None:
+        del self.pipeline
+
+
+def _fresh_rss(resolve: Any, catalog: Any, sampling: dict[str, Any], names: list[str]) -> int:
+    from engine.client import EngineClient
+
+    client = EngineClient()
+    try:
+        for name in names:
+            client.call("generate", {"spec": resolve(catalog, name).to_dict(),
+                                     "prompt": {"text": PROMPT},
+                                     "sampling": {**sampling, "max_tokens": 8}}, timeout=1800)
+        return int(client.call("describe", timeout=60)["memory"]["rss_bytes"])
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
