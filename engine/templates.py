@@ -2,8 +2,9 @@
 
 A chat template comes from the model file, so it is untrusted code: it renders in
 jinja2's ImmutableSandboxedEnvironment (no attribute access to Python internals, no
-mutation of the values we pass in), with a deadline enforced by a trace hook (a
-template loop that never ends is stopped), a cap on the output size, a cap on the
+mutation of the values we pass in), with a deadline and a call-depth limit enforced
+by a trace hook (a template loop that never ends, or nesting that would reach Python's
+recursion limit, is stopped), a cap on the output size, a cap on the
 memory it may claim (the process's address-space limit is lowered for the duration
 of the render, so a string doubled forty times fails with MemoryError instead of
 taking the machine down), and any failure reported as a TemplateError with the
@@ -31,6 +32,7 @@ MAX_TEMPLATE_CHARS = 256 << 10
 MAX_OUTPUT_CHARS = 4 << 20
 DEADLINE_SECONDS = 2.0
 MEMORY_HEADROOM = 256 << 20  # bytes of address space a render may add
+MAX_CALL_DEPTH = 500  # Python frames a render may add (the parser uses ~12 per nesting level)
 ROLES = ("system", "user", "assistant")
 
 
@@ -48,16 +50,41 @@ def _raise_exception(message: str) -> None:
     raise TemplateError(f"chat template refused the conversation: {message}")
 
 
-class _Deadline:
-    """A trace function that aborts rendering once the deadline passes."""
+class _Guard:
+    """A trace function that aborts compiling or rendering past the deadline, or when
+    the template drives Python calls too deep.
 
-    def __init__(self, seconds: float) -> None:
+    Jinja's parser recurses once per nesting level and macros may call themselves;
+    left alone, either reaches Python's recursion limit, where any finalizer that
+    happens to run fails too ("Exception ignored ..."). Counting call depth stops
+    them well before that, with a clear reason.
+    """
+
+    def __init__(self, seconds: float, max_depth: int) -> None:
         self.deadline = time.monotonic() + seconds
+        self.max_depth = max_depth
+        self.depth = 0
+        self.compiling = True
 
     def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        if event == "call":
+            self.depth += 1
+            if self.depth > self.max_depth:
+                raise TemplateError("chat template is nested too deeply to compile"
+                                    if self.compiling else "chat template recursed too deeply")
+        elif event == "return":
+            self.depth -= 1
         if time.monotonic() > self.deadline:
             raise TemplateError(f"chat template did not finish within {DEADLINE_SECONDS:g} s")
         return self
+
+
+def _depth_budget() -> int:
+    """Python frames a render may add: at most MAX_CALL_DEPTH, always leaving 200 spare."""
+    depth, frame = 0, sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    return max(50, min(MAX_CALL_DEPTH, sys.getrecursionlimit() - depth - 200))
 
 
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
@@ -151,9 +178,11 @@ def render(
     previous = sys.gettrace()
     try:
         with _memory_cap(MEMORY_HEADROOM):
-            sys.settrace(_Deadline(deadline))
+            guard = _Guard(deadline, _depth_budget())
+            sys.settrace(guard)
             try:
                 compiled = _compile(env, template)
+                guard.compiling = False
                 for piece in compiled.generate(context):
                     size += len(piece)
                     if size > MAX_OUTPUT_CHARS:
