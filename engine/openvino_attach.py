@@ -79,7 +79,7 @@ class AttachPlan:
                 "unused_count": len(self.unused), "bad_shapes": list(self.bad_shapes[:20])}
 
 
-def _split(name: str) -> tuple[str, str] | None:
+def split_name(name: str) -> tuple[str, str] | None:
     """('A'|'B', layer key with prefix) for a LoRA half, as OpenVINO parses it."""
     for half, pattern in (("A", _A), ("B", _B)):
         match = pattern.fullmatch(name)
@@ -93,7 +93,7 @@ def plan(tensors: dict[str, tuple[int, ...]], matmuls: tuple[MatMulLayer, ...]) 
     halves: dict[str, dict[str, tuple[str, tuple[int, ...]]]] = {}
     unused: list[str] = []
     for name, shape in tensors.items():
-        parsed = _split(name)
+        parsed = split_name(name)
         if parsed is None or not parsed[1].startswith(PREFIX):
             unused.append(name)
             continue

@@ -150,7 +150,7 @@ class OvModel:
         arrays = safetensors_file.load_tensors(safetensors_file.read_header(Path(info.path)))
         halves: dict[str, dict[str, np.ndarray]] = {}
         for name, array in arrays.items():
-            parsed = openvino_attach._split(name)
+            parsed = openvino_attach.split_name(name)
             if parsed and parsed[1].startswith(openvino_attach.PREFIX):
                 halves.setdefault(parsed[1].removeprefix(openvino_attach.PREFIX),
                                   {})[parsed[0]] = array
@@ -271,8 +271,11 @@ class OvContext:
         while not request.wait_for(POLL_MS):
             if self.cancelled():
                 request.cancel()
-                request.wait()
-                self.reset()
+                try:
+                    request.wait()
+                except RuntimeError:
+                    pass  # "Infer Request was canceled"
+                self.reset()  # the KV state is unknown after an interrupted request
                 raise Cancelled("cancelled")
         self.tokens.extend(tokens)
         logits = request.get_tensor("logits").data[0]
