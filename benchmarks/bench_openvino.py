@@ -70,14 +70,21 @@ def main() -> None:
     ov_client, llama_client = EngineClient(), EngineClient()
     clients = {"openvino": ov_client, "llama": llama_client}
 
-    def tps(backend: str, name: str, serve_on: str | None = None) -> float:
+    cpu_ms: dict[str, list[float]] = {}
+
+    def tps(backend: str, name: str, serve_on: str | None = None, label: str = "") -> float:
+        """Client-observed tokens/s; also records engine CPU milliseconds per token."""
         stamps: list[float] = []
-        handle = clients[backend].submit(
+        client = clients[backend]
+        before = _cpu_seconds(client.pid)
+        handle = client.submit(
             "generate", params(name, serve_on),
             lambda e: stamps.append(time.perf_counter()) if e["event"] == "token" else None)
         result = handle.wait(1800)
         assert result["backend"] == backend
-        return (len(result["token_ids"]) - 1) / (stamps[-1] - stamps[0])
+        count = len(result["token_ids"])
+        cpu_ms.setdefault(label, []).append((_cpu_seconds(client.pid) - before) * 1000 / count)
+        return (count - 1) / (stamps[-1] - stamps[0])
 
     # Session costs on a fresh OpenVINO engine: first load, first LoRA build, switch.
     timings = {}
@@ -95,15 +102,18 @@ def main() -> None:
         "ov_base", "ov_variant", "ov_converted_variant", "llama_f16", "llama_q4_1",
         "llama_variant_q4_1", "llama_variant_f16", "genai_pipeline")}
     genai = _GenaiPipeline(catalog.model(ov)["path"], args.tokens)
+    runs = (("ov_base", "openvino", ov, None), ("ov_variant", "openvino", "vb", None),
+            ("llama_f16", "llama", "llama-f16", None),
+            ("ov_converted_variant", "openvino", "va", "openvino"),
+            ("llama_q4_1", "llama", llama, None), ("llama_variant_q4_1", "llama", "va", None),
+            ("llama_variant_f16", "llama", "va16", None))
     for _ in range(args.rounds):
-        sides["ov_base"].append(tps("openvino", ov))
-        sides["ov_variant"].append(tps("openvino", "vb"))
-        sides["llama_f16"].append(tps("llama", "llama-f16"))
-        sides["ov_converted_variant"].append(tps("openvino", "va", "openvino"))
-        sides["llama_q4_1"].append(tps("llama", llama))
-        sides["llama_variant_q4_1"].append(tps("llama", "va"))
-        sides["llama_variant_f16"].append(tps("llama", "va16"))
+        for label, backend, name, serve_on in runs:
+            sides[label].append(tps(backend, name, serve_on, label))
+        before = time.process_time()
         sides["genai_pipeline"].append(genai.tps(PROMPT))
+        cpu_ms.setdefault("genai_pipeline", []).append(
+            (time.process_time() - before) * 1000 / args.tokens)
     genai.close()
 
     base_rss = _fresh_rss(resolve, catalog, sampling, [ov])
@@ -133,11 +143,24 @@ def main() -> None:
     def ratio(a: str, b: str) -> float:
         return median(sides[a]) / median(sides[b])
 
+    def cpu_ratio(a: str, b: str) -> float:  # > 1: a needs less CPU per token than b
+        return median(cpu_ms[b]) / median(cpu_ms[a])
+
     write("openvino", {
         "prompt": PROMPT, "tokens": args.tokens, "rounds": args.rounds,
         "threads": os.environ.get("VARIANT_STUDIO_THREADS") or "all cores",
         "tokens_per_second": sides,
         "medians": {k: median(v) for k, v in sides.items()},
+        "cpu_ms_per_token": cpu_ms,
+        "cpu_ms_per_token_medians": {k: median(v) for k, v in cpu_ms.items()},
+        "cpu_efficiency_ratios": {
+            "ov_variant_vs_ov_base": cpu_ratio("ov_variant", "ov_base"),
+            "ov_base_vs_llama_f16": cpu_ratio("ov_base", "llama_f16"),
+            "ov_base_vs_llama_q4_1": cpu_ratio("ov_base", "llama_q4_1"),
+            "ov_converted_variant_vs_llama_variant_f16": cpu_ratio("ov_converted_variant",
+                                                                   "llama_variant_f16"),
+            "ov_engine_vs_genai_pipeline": cpu_ratio("ov_base", "genai_pipeline"),
+        },
         "ratios": {
             "ov_variant_vs_ov_base": ratio("ov_variant", "ov_base"),
             "ov_base_vs_llama_f16": ratio("ov_base", "llama_f16"),
@@ -183,6 +206,12 @@ class _GenaiPipeline:
 
     def close(self) -> None:
         del self.pipeline
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a process (the engine), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _fresh_rss(resolve: Any, catalog: Any, sampling: dict[str, Any], names: list[str]) -> int:
