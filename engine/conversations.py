@@ -73,19 +73,22 @@ def save(conversation: Conversation) -> None:
 
 
 def load(conversation_id: str) -> Conversation | None:
-    data = StateFile(_file(conversation_id), dict).load()
+    state = StateFile(_file(conversation_id), dict)
+    data = state.load()
     if not data:
         return None
     try:
         return Conversation.from_dict(data)
-    except (KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
+        state.reject()  # set aside with a notice, never silently hidden
         return None
 
 
 def delete(conversation_id: str) -> None:
-    path = _file(conversation_id)
-    path.unlink(missing_ok=True)
-    Path(str(path) + ".lock").unlink(missing_ok=True)
+    # The lock file stays: removing it could let two processes hold "the" lock.
+    state = StateFile(_file(conversation_id), dict)
+    with state.locked():
+        state.path.unlink(missing_ok=True)
 
 
 def list_all(model: str | None = None) -> list[Conversation]:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import llama_cpp
 import numpy as np
 
-from engine.errors import Cancelled, EngineError
+from engine.errors import Cancelled, EngineError, RefusedError
 from engine.spec import AdapterFile
 
 _log_lines: deque[str] = deque(maxlen=500)
@@ -78,8 +78,10 @@ class LlamaModel:
             params.progress_callback = on_progress
         self.ptr = llama_cpp.llama_model_load_from_file(path.encode(), params)
         if not self.ptr:
-            raise EngineError(f"llama.cpp could not load {os.path.basename(path)}",
-                              details=recent_log())
+            # The file passed our checks but llama.cpp refuses it: a refused artifact.
+            raise RefusedError(f"llama.cpp could not load {os.path.basename(path)}: "
+                               f"{(recent_log(1) or ('see the engine log',))[0]}",
+                               details=recent_log())
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.adapters: dict[str, ctypes.c_void_p] = {}

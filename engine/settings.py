@@ -36,11 +36,13 @@ def _state() -> StateFile:
 
 
 def load() -> Settings:
-    data = _state().load()
+    state = _state()
+    data = state.load()
     known = {f.name for f in fields(Settings)}
     try:
         return Settings(**{k: v for k, v in data.items() if k in known}).validated()
     except (TypeError, UsageError):
+        state.reject()  # set aside with a notice rather than overwritten unseen
         return Settings()
 
 

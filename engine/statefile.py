@@ -121,6 +121,14 @@ class StateFile:
         _notice(f"{self.path.name} was unreadable and was set aside as {aside.name}")
         return self._default()
 
+    def reject(self) -> None:
+        """Set the file aside because it parsed but made no sense (wrong fields)."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        self._set_aside(raw)
+
     def _remove_stale_temps(self) -> None:
         """Temp files left by a writer that was killed mid-write (we hold the lock)."""
         for stale in self.path.parent.glob(f".{self.path.name}.*.tmp"):

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import paths, settings
+from engine import paths, settings, statefile
 from engine.catalog import Catalog
 from engine.cli import show_entry
 from engine.errors import StudioError
@@ -48,8 +48,6 @@ class Banner(QFrame):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("banner")
-        self.setStyleSheet("#banner{background:#fbe3e3;border-bottom:1px solid #d23c3c}"
-                           "#banner QLabel{color:#6b1010}")
         self.label = QLabel()
         self.label.setWordWrap(True)
         self.retry = QPushButton("Restart engine")
@@ -61,7 +59,16 @@ class Banner(QFrame):
         layout.addWidget(self.dismiss)
         self.hide()
 
-    def show_message(self, text: str) -> None:
+    STYLES = {
+        "error": "#banner{background:#fbe3e3;border-bottom:1px solid #d23c3c}"
+                 "#banner QLabel{color:#6b1010}",
+        "info": "#banner{background:#fdf3d8;border-bottom:1px solid #c07a00}"
+                "#banner QLabel{color:#5a3a00}",
+    }
+
+    def show_message(self, text: str, kind: str = "error") -> None:
+        self.setStyleSheet(self.STYLES[kind])
+        self.retry.setVisible(kind == "error")
         self.label.setText(text)
         self.show()
 
@@ -126,6 +133,7 @@ class MainWindow(QMainWindow):
         self._make_actions()
         self.refresh()
         self._restore()
+        self._show_state_notices()
         self._engine_state(self.client.state, "")
         # Start the engine process early so the first answer comes sooner.
         QTimer.singleShot(0, self.client.describe)
@@ -308,6 +316,14 @@ class MainWindow(QMainWindow):
             self.banner.show_message(
                 f"<b>The engine process stopped.</b> {html.escape(detail)}<br>Your catalog "
                 "and conversations are safe. The engine restarts with the next request.")
+
+    def _show_state_notices(self) -> None:
+        """State files that were unreadable at start were set aside: say so."""
+        notes = statefile.take_notices()
+        if notes:
+            self.banner.show_message(
+                "<b>Some saved state could not be read and was set aside</b> (nothing was "
+                "deleted):<br>" + "<br>".join(html.escape(n) for n in notes), kind="info")
 
     def _described(self, info: dict[str, Any]) -> None:
         residents = info.get("residents") or []

@@ -38,3 +38,29 @@ def test_settings_persist_and_validate(studio_home: Path) -> None:
     with pytest.raises(UsageError):
         settings.update(context_size=10)
     assert settings.load().context_size == 4096
+
+
+def test_nonsense_conversation_and_settings_are_set_aside_with_a_notice(
+        studio_home: Path) -> None:
+    from engine import paths, statefile
+
+    statefile.take_notices()
+    conv = conversations.new("va")
+    path = paths.conversations_dir() / f"{conv.id}.json"
+    path.write_text('{"messages": "not a list"}')
+    assert conversations.load(conv.id) is None
+    assert not path.exists() and list(path.parent.glob(f"{conv.id}.json.corrupt-*"))
+    paths.settings_file().write_text('{"threads": 100000}')
+    assert settings.load().threads == 0
+    notes = statefile.take_notices()
+    assert any(conv.id in n for n in notes) and any("settings.json" in n for n in notes)
+
+
+def test_delete_keeps_the_lock_file(studio_home: Path) -> None:
+    conv = conversations.new("va").with_messages((ChatMessage("user", "hi"),))
+    conversations.save(conv)
+    conversations.delete(conv.id)
+    assert conversations.load(conv.id) is None
+    from engine import paths
+
+    assert (paths.conversations_dir() / f"{conv.id}.json.lock").exists()

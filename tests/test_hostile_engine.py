@@ -24,7 +24,7 @@ from engine import digest
 from engine.artifacts import BaseModelInfo
 from engine.catalog import AdapterSpec, Catalog
 from engine.client import EngineClient
-from engine.errors import EngineError, InspectionError, RefusedError, StudioError
+from engine.errors import InspectionError, RefusedError, StudioError
 from engine.spec import resolve
 from tests.test_hostile import (
     ACCEPTED,
@@ -41,9 +41,6 @@ ENGINE_CASES = sorted(CASES, key=lambda c: ORDER[c.surface])
 PROMPT = {"text": "Hello", "chat": True}
 SAMPLING = {"temperature": 0.0, "max_tokens": 2, "repeat_penalty": 1.0}
 TIMEOUT = 120  # seconds; a request still running then is a hang
-# llama.cpp's own refusal of a base our checks accept arrives as an EngineError with
-# llama.cpp's log attached (llama_backend raises it); every other refusal is typed.
-LOADER_REFUSALS = {"base-llama-cannot-load"}
 
 
 @dataclass
@@ -130,7 +127,8 @@ def test_hostile_input_through_the_engine(case: Case, engine_world: EngineWorld)
         result = world.client.call("generate", request, timeout=TIMEOUT)
         assert 1 <= len(result["token_ids"]) <= 2 and isinstance(result["text"], str)
     else:
-        kind = EngineError if case.id in LOADER_REFUSALS else RefusedError
+        # Every refusal is typed, including llama.cpp refusing a base our checks accept.
+        kind = RefusedError
         with pytest.raises(StudioError) as info:
             world.client.call("generate", request, timeout=TIMEOUT)
         error = info.value
