@@ -264,3 +264,33 @@ def test_recovery_banner_after_the_engine_is_killed(populated: MainWindow, qtbot
     with qtbot.waitSignal(chat.answered, timeout=LONG):
         chat.regenerate()
     assert chat.conversation.messages[-1].content and not chat.conversation.messages[-1].error
+
+
+def test_native_abort_leaves_the_window_and_state_intact(studio_home: Path, tmp_path: Path,
+                                                         base_info, qtbot, monkeypatch) -> None:
+    """A native abort in the engine (the test-only abort request calls os.abort())."""
+    monkeypatch.setenv("VARIANT_STUDIO_TEST_HOOKS", "1")
+    populate(Catalog(), tmp_path, base_info)
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    win.open_chat("va")
+    win.chat.input.setPlainText("Say hello.")
+    with qtbot.waitSignal(win.chat.answered, timeout=LONG):
+        win.chat.send()
+    conversation = win.chat.conversation
+    saved = {p.name: p.read_bytes() for p in studio_home.rglob("*.json")}
+    with qtbot.waitSignal(win.client.stateChanged, timeout=LONG,
+                          check_params_cb=lambda state, _d: state == "crashed"):
+        win.client.submit("abort")
+    assert win.isVisible() and win.banner.isVisible()
+    assert "SIGABRT" in win.banner.label.text()
+    assert {p.name: p.read_bytes() for p in studio_home.rglob("*.json")} == saved
+    assert win.chat.conversation == conversation
+    assert set(win.library.model.names("variant")) == {"va", "vb", "va0", "vab"}
+    win.banner.retry.click()
+    win.chat.input.setPlainText("And goodbye.")
+    with qtbot.waitSignal(win.chat.answered, timeout=LONG):
+        win.chat.send()
+    assert len(win.chat.conversation.messages) == 4
+    win.close()
