@@ -59,12 +59,12 @@ def test_names_that_match_no_layer_are_refused_with_the_coverage(
         bare[f"{module}.lora_B.weight"] = b
     code, text = add(capsys, "bare", peft(tmp_path / "bare", bare))
     assert code == 3 and "0 of 8 tensors attach" in text
-    assert json.loads(_list(capsys))["adapters"] == []  # nothing was added
+    assert not {"wrong", "bare"} & _adapters(capsys)  # nothing was added
 
 
-def _list(capsys: pytest.CaptureFixture) -> str:
+def _adapters(capsys: pytest.CaptureFixture) -> set[str]:
     assert cli.main(["list", "--json"]) == 0
-    return capsys.readouterr().out
+    return {a["name"] for a in json.loads(capsys.readouterr().out)["adapters"]}
 
 
 def test_wrong_shapes_and_wrong_formats_are_refused(
@@ -120,7 +120,7 @@ def test_malformed_safetensors_are_refused_before_openvino_sees_them(
         code, text = add(capsys, "bad", folder)
         assert code == 3, name
         assert reasons[name] in text, (name, text)
-    assert json.loads(_list(capsys))["adapters"] == []
+    assert "bad" not in _adapters(capsys)
     # The refusal happens in Python: the CLI never loads OpenVINO to reach it.
     script = ("import sys; from engine import cli; code = cli.main(sys.argv[1:]); "
               "print(code, any(m.startswith('openvino') for m in sys.modules), file=sys.stderr)")
