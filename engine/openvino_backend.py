@@ -22,7 +22,6 @@ a prompt computes one row of logits, not one per token.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,8 +71,7 @@ class LoadedAdapter:
 class OvModel:
     """A resident OpenVINO base: tokenizer, base graph, and the compiled LoRA graph."""
 
-    def __init__(self, folder: str, sha256: str, info: BaseModelInfo, n_threads: int,
-                 initial: tuple[LoadedAdapter, ...] = ()) -> None:
+    def __init__(self, folder: str, sha256: str, info: BaseModelInfo, n_threads: int) -> None:
         self.path = folder
         self.sha256 = sha256
         self.info = info
@@ -103,7 +101,7 @@ class OvModel:
         self.compiled: Any = None
         self._end_ids = self._find_end_ids()
         self._sliced = False
-        self.register(initial)
+        # Compiled by the first `register`, so a variant opened first compiles once.
 
     # -------------------------------------------------------------- vocabulary
 
@@ -364,7 +362,7 @@ def _slice_logits(model: Any) -> bool:
     return True
 
 
-def load_base(path: str, sha256: str, n_threads: int, initial: tuple = ()) -> OvModel:
+def load_base(path: str, sha256: str, n_threads: int) -> OvModel:
     """Load an OpenVINO base: an IR folder, or a GGUF converted once into the cache."""
     from engine import openvino_build
 
@@ -373,9 +371,5 @@ def load_base(path: str, sha256: str, n_threads: int, initial: tuple = ()) -> Ov
     info = inspect_path(folder)
     if not isinstance(info, BaseModelInfo):
         raise RefusedError(f"{source.name}: not a base model")
-    return OvModel(str(folder), sha256, info, n_threads, initial)
+    return OvModel(str(folder), sha256, info, n_threads)
 
-
-def runtime_info() -> dict[str, str]:
-    return {"openvino": ov.get_version(), "config": ",".join(
-        f"{k}={v}" for k, v in sorted(COMPILE_CONFIG.items())), "pid": str(os.getpid())}

@@ -179,6 +179,16 @@ def test_compiled_model_is_rebuilt_only_when_new_layers_need_lora(world) -> None
         assert names == {"a", "b", "o"}
     finally:
         client.close()
+    client = EngineClient()
+    try:  # a variant opened first: one build that already has its branches
+        first = generate(client, catalog, "vb")
+        (only,) = client.call("describe", timeout=60)["residents"]
+        assert (only["pipeline_builds"], only["lora_layers"]) == (1, 60)
+        assert generate(client, catalog, OV)["token_ids"] == base["token_ids"]
+        assert generate(client, catalog, "vb")["token_ids"] == first["token_ids"]
+        assert client.call("describe", timeout=60)["residents"][0]["pipeline_builds"] == 1
+    finally:
+        client.close()
 
 
 def test_sampling_is_seeded_and_stop_strings_end_text_on_openvino(world) -> None:
