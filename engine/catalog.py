@@ -23,7 +23,7 @@ from typing import Any
 
 from engine import artifacts, defaults, digest, paths, validation
 from engine.artifacts import AdapterInfo, BaseModelInfo
-from engine.errors import RefusedError, StateError, UnknownNameError, UsageError
+from engine.errors import RefusedError, StateError, StudioError, UnknownNameError, UsageError
 from engine.identity import AdapterRef, ContextConfig, Identity, runtime_version
 from engine.safeio import printable
 from engine.statefile import StateFile
@@ -491,6 +491,21 @@ class Catalog:
             for entry in record["adapters"]:
                 self.adapter_file(entry["name"], backend)  # refuses a missing file
         return other
+
+    def backends_for(self, name: str) -> list[tuple[str, str | None]]:
+        """Each backend with None if it can serve `name`, else the reason it cannot.
+
+        The base's own backend comes first.
+        """
+        own = self.model(self.serving_base(name))["backend"]
+        out: list[tuple[str, str | None]] = []
+        for backend in (own, *(b for b in BACKENDS if b != own)):
+            try:
+                self.serving_base(name, backend)
+                out.append((backend, None))
+            except StudioError as exc:
+                out.append((backend, exc.message))
+        return out
 
     def counterpart(self, base: str, backend: str) -> str | None:
         """The model with the same weights as `base` on `backend`, if the catalog has one.

@@ -29,6 +29,7 @@ class ChatMessage:
     identity: str | None = None  # full identity key of that session
     tokens_per_second: float | None = None
     created_at: float = field(default_factory=time.time)
+    backend: str | None = None  # "llama" or "openvino" for answers
     error: str | None = None  # an answer that failed or was stopped says why
 
 

@@ -30,6 +30,7 @@ from engine.catalog import Catalog
 from engine.conversations import ChatMessage, Conversation
 from engine.errors import StudioError
 from engine.spec import resolve
+from gui.backend_picker import LABELS, BackendPicker
 from gui.engine_client import QtEngineClient
 from gui.render import markdown_html
 
@@ -41,6 +42,8 @@ def message_html(message: ChatMessage) -> str:
         head = "<b>You</b>"
     else:
         label = html.escape(message.model or "assistant")
+        if message.backend:
+            label += f" <span style='color:#888'>on {LABELS.get(message.backend, '?')}</span>"
         ident = f" · <code>{html.escape((message.identity or '')[:12])}</code>" \
             if message.identity else ""
         speed = f" · {message.tokens_per_second:.1f} tok/s" \
@@ -105,6 +108,7 @@ class ChatView(QWidget):
         left_layout.addWidget(self.list)
 
         self.header = QLabel("Choose a model or variant to chat with.")
+        self.backend = BackendPicker()
         self.transcript = QTextBrowser()
         self.transcript.setOpenExternalLinks(False)
         self.input = QPlainTextEdit()
@@ -130,7 +134,11 @@ class ChatView(QWidget):
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
-        right_layout.addWidget(self.header)
+        top = QHBoxLayout()
+        top.addWidget(self.header, 1)
+        top.addWidget(QLabel("served by"))
+        top.addWidget(self.backend)
+        right_layout.addLayout(top)
         right_layout.addWidget(self.transcript, 1)
         right_layout.addWidget(self.input)
         right_layout.addLayout(row)
@@ -157,6 +165,7 @@ class ChatView(QWidget):
         if self.request_id:
             self.stop()
         self.model_name = name
+        self.backend.set_target(self.catalog, name)
         self._reload_list()
         if name is None:
             self.conversation = None
@@ -279,7 +288,7 @@ class ChatView(QWidget):
             kind, _record = self.catalog.find(self.model_name)
             # A plain base has no profile: it runs with the context size from Settings.
             n_ctx = settings.load().context_size if kind == "model" else None
-            spec = resolve(self.catalog, self.model_name, n_ctx)
+            spec = resolve(self.catalog, self.model_name, n_ctx, self.backend.backend())
         except StudioError as exc:
             self._append_answer("", error=exc.message)
             return
@@ -330,7 +339,8 @@ class ChatView(QWidget):
         message = ChatMessage(
             "assistant", text, model=self.model_name,
             identity=(result or {}).get("identity"),
-            tokens_per_second=(result or {}).get("tokens_per_second"), error=error)
+            tokens_per_second=(result or {}).get("tokens_per_second"), error=error,
+            backend=(result or {}).get("backend"))
         self.conversation = self.conversation.with_messages(
             (*self.conversation.messages, message))
         self._save()
@@ -339,7 +349,8 @@ class ChatView(QWidget):
         if request_id != self.request_id:
             return
         self._append_answer(result["text"], result=result)
-        self.status.setText(f"{result['name']} · {result['identity'][:12]} · "
+        self.status.setText(f"{result['name']} · {LABELS.get(result['backend'], '?')} · "
+                            f"{result['identity'][:12]} · "
                             f"{result['tokens_per_second']:.1f} tok/s · "
                             f"{len(result['token_ids'])} tokens · {result['finish_reason']}")
         self._finish()

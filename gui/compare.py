@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 from engine.catalog import Catalog
 from engine.errors import StudioError
 from engine.spec import resolve
+from gui.backend_picker import BackendPicker
 from gui.engine_client import QtEngineClient
 
 BASE_COLOR = QColor("#2f6fdf")
@@ -149,6 +150,9 @@ class CompareView(QWidget):
 
         self.variant = QComboBox()
         self.variant.setToolTip("Switch the variant to compare against its base")
+        self.backend = BackendPicker()
+        self.variant.currentTextChanged.connect(
+            lambda name: self.backend.set_target(self.catalog, name or None))
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Prompt for both sides…  (Ctrl+Enter to run)")
         self.prompt.setMaximumHeight(90)
@@ -176,7 +180,11 @@ class CompareView(QWidget):
         QShortcut(QKeySequence("Ctrl+Return"), self.prompt, activated=self.run)
 
         settings = QFormLayout()
-        settings.addRow("Variant", self.variant)
+        top = QHBoxLayout()
+        top.addWidget(self.variant, 1)
+        top.addWidget(QLabel("served by"))
+        top.addWidget(self.backend)
+        settings.addRow("Variant", top)
         row = QHBoxLayout()
         for label, widget in (("max tokens", self.max_tokens),
                               ("temperature", self.temperature), ("seed", self.seed)):
@@ -227,6 +235,7 @@ class CompareView(QWidget):
         if keep in names:
             self.variant.setCurrentText(keep)
         self.variant.blockSignals(False)
+        self.backend.set_target(self.catalog, self.variant.currentText() or None)
         self._update_buttons()
 
     def select_variant(self, name: str) -> None:
@@ -244,7 +253,7 @@ class CompareView(QWidget):
                 self.summary.setText("Write a prompt first.")
             return
         try:
-            spec = resolve(self.catalog, name)
+            spec = resolve(self.catalog, name, backend=self.backend.backend())
         except StudioError as exc:
             self.summary.setText(f"<span style='color:#d23c3c'>{html.escape(exc.message)}"
                                  "</span>")
@@ -256,8 +265,9 @@ class CompareView(QWidget):
                                                           "chat": self.chat.isChecked()},
                        "sampling": sampling}
         self.base_side.reset(f"<b>Base</b> · {html.escape(spec.base_name)} · "
+                             f"{spec.backend} · "
                              f"<code>{spec.identity.base_only().short}</code>")
-        self.variant_side.reset(f"<b>Variant</b> · {html.escape(name)} · "
+        self.variant_side.reset(f"<b>Variant</b> · {html.escape(name)} · {spec.backend} · "
                                 f"<code>{spec.identity.short}</code>")
         self.result = None
         self.plot.set_data([], [], None)
