@@ -55,7 +55,7 @@ def main() -> int:
     from engine.training.job import TrainRequest
 
     catalog = Catalog()
-    catalog.ensure_initialized()
+    catalog.ensure_initialized(demo=True)
     base = defaults.DEFAULT_MODEL_NAME
     results: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     folder = demo.resources_dir()

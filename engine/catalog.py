@@ -96,8 +96,12 @@ class Catalog:
                              f"{printable(str(data.get('version')))})")
         return data
 
-    def ensure_initialized(self, progress: digest.Progress | None = None) -> None:
+    def ensure_initialized(self, progress: digest.Progress | None = None,
+                           demo: bool = False) -> None:
         """On first run, create the catalog with the embedded base as a curated entry.
+
+        With `demo` (the CLI and the app's first run), a new catalog also gets the
+        shipped demo: a trained adapter and its curated variant (engine.training.demo).
 
         A catalog that does not parse is set aside here (with a notice) and a fresh
         one is created in its place; its bytes are kept beside it.
@@ -124,7 +128,7 @@ class Catalog:
 
                 write_json_atomic(self.state.path, seed(_empty()))
                 created = True
-        if created and record:
+        if created and record and demo:
             # The shipped demo: a trained adapter and its curated variant (optional:
             # a missing or broken demo leaves a notice, never a broken catalog).
             from engine.training.demo import seed_catalog

@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return importlib.import_module("gui.app").main([])
         catalog = Catalog()
         try:
-            catalog.ensure_initialized()
+            catalog.ensure_initialized(demo=True)
             _ensure_openvino_default(catalog, args)
             return COMMANDS[command](catalog, args)
         finally:

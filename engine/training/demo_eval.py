@@ -22,20 +22,28 @@ import numpy as np
 from engine.catalog import Catalog
 from engine.training import demo
 
-SAMPLING = {"temperature": 0.0, "max_tokens": 64, "repeat_penalty": 1.0, "top_k": 40,
+# Greedy; 48 tokens hold every expected call (the longest is about 35 tokens).
+SAMPLING = {"temperature": 0.0, "max_tokens": 48, "repeat_penalty": 1.0, "top_k": 40,
             "top_p": 0.95, "seed": 0}
 
 
 def evaluate(catalog: Catalog, variant: str, rows: list[dict[str, Any]],
              backend: str | None = None,
-             progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Greedy answers of base and variant for each row, scored (see `demo.score`)."""
+             progress: Callable[[int, int], None] | None = None,
+             threads: int = 1) -> dict[str, Any]:
+    """Greedy answers of base and variant for each row, scored (see `demo.score`).
+
+    The engine runs with `threads` threads (1 by default: on a busy 2-core machine
+    llama.cpp's two spinning threads decoded about 10x slower than one).
+    """
+    import os
+
     from engine.client import EngineClient
     from engine.spec import resolve
 
     spec = (resolve(catalog, variant, backend=backend) if backend
             else resolve(catalog, variant)).to_dict()
-    client = EngineClient()
+    client = EngineClient(env={**os.environ, "VARIANT_STUDIO_THREADS": str(threads)})
     base_out, variant_out = [], []
     try:
         for i, row in enumerate(rows):
@@ -51,6 +59,7 @@ def evaluate(catalog: Catalog, variant: str, rows: list[dict[str, Any]],
         client.close()
     return {
         "backend": spec["identity"]["backend"],
+        "threads": threads,
         "base": demo.score(base_out, rows),
         "variant": demo.score(variant_out, rows),
         "samples": [{"request": demo.request_of(r), "expected": demo.expected_call(r),

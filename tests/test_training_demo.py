@@ -1,0 +1,115 @@
+"""The shipped demo: its data regenerate byte for byte, its record is complete, a fresh
+catalog offers it as a curated variant, retraining it from its recorded configuration
+writes its recorded sha256 (the slowest test in the suite), and served through
+llama.cpp the variant beats the base on held-out requests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine import cli, digest, lora_io
+from engine.catalog import Catalog
+from engine.defaults import DEFAULT_MODEL_NAME as BASE
+from engine.training import demo, torch_available
+from engine.training.client import TrainingJob
+from engine.training.job import TrainRequest
+
+FOLDER = demo.resources_dir()
+RECORD = json.loads((FOLDER / demo.SHIPPED_PROVENANCE).read_text())
+
+
+def test_demo_data_regenerate_byte_for_byte() -> None:
+    train = demo.jsonl_bytes(demo.make_split("train", demo.TRAIN_SIZE))
+    held = demo.jsonl_bytes(demo.make_split("heldout", demo.HELDOUT_SIZE))
+    assert (FOLDER / "train.jsonl").read_bytes() == train
+    assert (FOLDER / "heldout.jsonl").read_bytes() == held
+    assert digest.hash_uncached(FOLDER / "train.jsonl")[0] == RECORD["data_sha256"]
+    # Held-out entities never appear in training.
+    train_text = train.decode()
+    held_out = {"get_weather": "city", "send_email": "to", "play_music": "artist"}
+    checked = 0
+    for row in demo.make_split("heldout", demo.HELDOUT_SIZE):
+        call = demo.expected_call(row)
+        if call["tool"] in held_out:
+            value = call["args"][held_out[call["tool"]]]
+            assert f'"{value}"' not in train_text and value not in train_text, value
+            checked += 1
+    assert checked == 36
+
+
+def test_shipped_adapter_matches_its_record(base_info) -> None:
+    for key in ("base_sha256", "data_sha256", "adapter_sha256", "seed", "config",
+                "versions", "platform", "steps", "time", "loss"):
+        assert key in RECORD, key
+    gguf = FOLDER / demo.SHIPPED_ADAPTER
+    assert digest.hash_uncached(gguf)[0] == RECORD["adapter_sha256"]
+    peft = FOLDER / demo.SHIPPED_PEFT / "adapter_model.safetensors"
+    assert digest.hash_uncached(peft)[0] == RECORD["adapter_files"]["peft"]["sha256"]
+    assert RECORD["config"] == {**RECORD["config"], **demo.DEMO_SETTINGS}
+    assert RECORD["loss"]["last"] < RECORD["loss"]["first"] / 10
+    weights = lora_io.read_gguf(gguf)
+    assert weights.base_sha256 == RECORD["base_sha256"]
+    expected = lora_io.gguf_to_peft(weights, base_info.head_count, base_info.head_count_kv)
+    exported = lora_io.read_peft(FOLDER / demo.SHIPPED_PEFT)
+    for module, (a, b) in expected.layers.items():
+        assert np.array_equal(exported.layers[module][0], a)
+        assert np.array_equal(exported.layers[module][1], b)
+
+
+def test_fresh_catalog_offers_the_curated_demo(studio_home: Path,
+                                               capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["list", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    variants = {v["name"]: v for v in listing["variants"]}
+    assert variants[demo.VARIANT_NAME]["curated"] is True
+    assert [a["name"] for a in variants[demo.VARIANT_NAME]["adapters"]] == [demo.ADAPTER_NAME]
+    assert cli.main(["show", demo.ADAPTER_NAME, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["curated"] is True and shown["verified"] is True
+    assert shown["status"] == "pass" and shown["sha256"] == RECORD["adapter_sha256"]
+    assert shown["provenance"] == RECORD
+    profile = Catalog().variant(demo.VARIANT_NAME)["profile"]
+    assert profile["system_prompt"] == demo.SYSTEM_PROMPT and profile["temperature"] == 0.0
+    # Stored beside the copy, outside the user-adapter store; removable like any entry.
+    stored = Path(shown["path"])
+    assert stored.parent == studio_home / "shipped" / demo.ADAPTER_NAME
+    assert json.loads((stored.parent / "provenance.json").read_text()) == RECORD
+    assert not (studio_home / "adapters" / demo.ADAPTER_NAME).exists()
+    assert cli.main(["remove", demo.VARIANT_NAME]) == 0
+    assert cli.main(["remove", demo.ADAPTER_NAME]) == 0
+    assert not stored.parent.exists()
+
+
+def test_a_bare_library_catalog_has_no_demo(studio_home: Path) -> None:
+    catalog = Catalog()
+    catalog.ensure_initialized()  # library use (tests, tools): only the embedded base
+    data = catalog.data()
+    assert list(data["models"]) == [BASE] and not data["adapters"] and not data["variants"]
+
+
+@pytest.mark.skipif(not torch_available(),
+                    reason="PyTorch (the [train] extra) is not installed")
+def test_retraining_the_demo_reproduces_its_sha256(studio_home: Path) -> None:
+    request = TrainRequest("retrained", BASE, str(FOLDER / "train.jsonl"),
+                           dict(RECORD["config"]), register=False)
+    result = TrainingJob(request).start().wait(1800)
+    assert result["files"]["gguf"]["sha256"] == RECORD["adapter_sha256"]
+    assert result["files"]["peft"]["sha256"] == RECORD["adapter_files"]["peft"]["sha256"]
+    assert result["provenance"]["loss"]["curve"] == RECORD["loss"]["curve"]
+
+
+@pytest.mark.slow
+def test_the_variant_beats_the_base_on_held_out_requests(studio_home: Path) -> None:
+    from engine.training import demo_eval
+
+    catalog = Catalog()
+    catalog.ensure_initialized(demo=True)
+    rows = [json.loads(line) for line in (FOLDER / "heldout.jsonl").read_text().splitlines()]
+    result = demo_eval.evaluate(catalog, demo.VARIANT_NAME, rows[::6])  # 10, all tools
+    assert result["variant"]["lenient"] >= 0.8, result
+    assert result["base"]["lenient"] <= 0.1, result
+    assert result["variant"]["strict"] >= 0.8, result
