@@ -463,6 +463,48 @@ def variant_backends(catalog: Catalog, name: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def provenance_lines(record: dict[str, Any]) -> list[str]:
+    """A training provenance record as readable lines (`show --json` has all of it)."""
+    if record.get("format", "").split("/")[0] != "variant-studio-provenance":
+        return [f"{key}: {value}" for key, value in record.items()]
+    data, files = record.get("data", {}), record.get("adapter_files", {})
+    config = record.get("config", {})
+    init = record.get("init_adapter")
+    loss, when = record.get("loss", {}), record.get("time", {})
+    plat = record.get("platform", {})
+    lines = [
+        f"base_sha256: {record.get('base_sha256')}",
+        f"data_sha256: {record.get('data_sha256')} ({data.get('file')}, "
+        f"{data.get('examples')} examples, {data.get('target_tokens')} target tokens)",
+        f"adapter_sha256: {record.get('adapter_sha256')} (GGUF)",
+    ]
+    if "peft" in files:
+        lines.append(f"peft_sha256: {files['peft'].get('sha256')} (OpenVINO export)")
+    lines += [
+        f"seed: {record.get('seed')}",
+        f"method: {record.get('method')}",
+        "config: " + " ".join(f"{k}={','.join(v) if isinstance(v, list) else v}"
+                              for k, v in sorted(config.items())),
+        "init_adapter: " + (f"{init.get('name')} (sha256 {init.get('sha256')})"
+                            if init else "none (trained from scratch)"),
+    ]
+    if record.get("resumed_from"):
+        lines.append(f"resumed_from: step {record['resumed_from'].get('step')}")
+    lines += [
+        "versions: " + ", ".join(f"{k} {v}" for k, v in sorted(
+            record.get("versions", {}).items())),
+        f"platform: {plat.get('system')} {plat.get('machine')}, {plat.get('cpu')}, "
+        f"{plat.get('cpu_count')} CPUs",
+        f"steps: {record.get('steps')} in {when.get('train_seconds')} s "
+        f"({when.get('started')} to {when.get('finished')})",
+    ]
+    if loss.get("steps"):
+        lines.append(f"loss: {loss['first']:.4f} → {loss['last']:.4f} (min "
+                     f"{loss['min']:.4f}, mean of the last 10 steps "
+                     f"{loss['mean_last_10']:.4f})")
+    return lines
+
+
 def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
     entry = show_entry(catalog, args.name)
     if args.json:
@@ -491,8 +533,10 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
     for section in ("metadata", "profile", "provenance"):
         if isinstance(entry.get(section), dict):
             print(f"  {section}:")
-            for key, value in entry[section].items():
-                print(f"    {key}: {value}")
+            lines = (provenance_lines(entry[section]) if section == "provenance" else
+                     [f"{key}: {value}" for key, value in entry[section].items()])
+            for line in lines:
+                print(f"    {line}")
     if entry.get("checks"):
         print("  checks:")
         for check in entry["checks"]:

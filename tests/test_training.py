@@ -203,3 +203,68 @@ def test_malformed_data_fails_with_line_numbers_in_the_worker(
     code, _, err = run_cli(capsys, "train", "x", "--base", BASE, "--data", str(bad))
     assert code == 3 and "line 2: prompt must be a string" in err
     assert "x" not in Catalog().data()["adapters"]
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_one(
+        tmp_path: Path, embedded_path: Path, base_info, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.errors import RefusedError
+    from engine.training import data as data_mod
+    from engine.training import trainer as trainer_mod
+    from engine.training.config import TrainConfig
+    from engine.training.model import LlamaTorch
+    from engine.training.tokenizer import Tokenizer
+
+    config = TrainConfig.from_dict({**SMALL, "steps": 3})
+    with Tokenizer(embedded_path, base_info) as tok:
+        data = data_mod.load(sft_data(tmp_path / "d.jsonl"), tok, config.seq_len,
+                             config.train_eot, False, config.steps, config.batch)
+    model = LlamaTorch(embedded_path)
+    trainer = trainer_mod.Trainer(model, config, data, "base-sha")
+    trainer.train_step()
+    path = tmp_path / "run" / "checkpoint.safetensors"
+    trainer.save_checkpoint(path)
+    before = path.read_bytes()
+    trainer.train_step()
+
+    def fail(*_args: object) -> None:
+        raise OSError("disk full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(trainer_mod.os, "replace", fail)
+        with pytest.raises(OSError, match="disk full"):
+            trainer.save_checkpoint(path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint.safetensors"]
+
+    # The kept checkpoint resumes at step 1 with its loss history and parameters.
+    resumed = trainer_mod.Trainer(model, config, data, "base-sha")
+    resumed.load_checkpoint(path)
+    assert resumed.step == 1 and resumed.losses == trainer.losses[:1]
+    # ...and is refused for other settings, another base or other data.
+    for other, reason in ((trainer_mod.Trainer(model, TrainConfig.from_dict(
+            {**SMALL, "steps": 3, "lr": 1e-3}), data, "base-sha"), "different settings"),
+                          (trainer_mod.Trainer(model, config, data, "other"), "base model")):
+        with pytest.raises(RefusedError, match=reason):
+            other.load_checkpoint(path)
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(before[: len(before) // 2])
+    with pytest.raises(RefusedError):
+        resumed.load_checkpoint(broken)
+
+
+def test_training_attaches_the_openvino_file_when_the_base_has_a_counterpart(
+        studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    from engine import openvino_default
+    from engine.spec import resolve
+    from tests.test_openvino_helpers import register_default
+
+    register_default(Catalog(), tmp_path_factory)
+    result, _ = run_job(TrainRequest("ov", BASE, str(sft_data(tmp_path / "d.jsonl")),
+                                     {**SMALL, "steps": 1}, variant="ov-v"))
+    attached = result["openvino"]
+    assert attached["attached"] and attached["base"] == openvino_default.NAME
+    assert attached["same_tensors_as_export"] is True
+    peft_sha = result["files"]["peft"]["sha256"]
+    assert Catalog().adapter_file("ov", "openvino")["sha256"] == peft_sha
+    spec = resolve(Catalog(), "ov-v", backend="openvino")
+    assert spec.backend == "openvino" and spec.adapters[0].sha256 == peft_sha

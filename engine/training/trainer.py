@@ -195,8 +195,9 @@ class Trainer:
             for k, (ref_c, ref_r) in enumerate(reference)])
         weights = torch.tensor([e.weight for e in examples], dtype=torch.float32)
         loss = -(weights * torch.nn.functional.logsigmoid(margins)).sum() / len(examples)
-        return loss, {"reward_accuracy": float((margins > 0).float().mean()),
-                      "reward_margin": float(margins.mean() / beta)}
+        observed = margins.detach()
+        return loss, {"reward_accuracy": float((observed > 0).float().mean()),
+                      "reward_margin": float(observed.mean() / beta)}
 
     # ------------------------------------------------------------------ one step
 
@@ -207,7 +208,7 @@ class Trainer:
         for p in self.params:
             p.grad = None
         loss, metrics = (self._dpo_loss if config.dpo else self._sft_loss)(batch)
-        value = float(loss)
+        value = float(loss.detach())
         if not math.isfinite(value):
             raise RefusedError(f"training diverged at step {self.step + 1} (loss {value}); "
                                "lower the learning rate")
