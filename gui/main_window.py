@@ -39,6 +39,7 @@ from gui.detail import DetailPane
 from gui.engine_client import QtEngineClient
 from gui.library import LibraryView, snapshot
 from gui.settings_dialog import SettingsDialog
+from gui.train_page import TrainPage
 from gui.wizard import ImportDialog
 
 
@@ -80,7 +81,8 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Variant Studio")
         self.setAcceptDrops(True)
         self.catalog = catalog or Catalog()
-        self.catalog.ensure_initialized()
+        # The app's first run gets the shipped demo variant, like the CLI's.
+        self.catalog.ensure_initialized(demo=True)
         prefs = settings.load()
         self.client = client or QtEngineClient(self, threads=prefs.threads)
         self.window_state = QSettings(str(paths.data_dir() / "window.ini"),
@@ -91,10 +93,12 @@ class MainWindow(QMainWindow):
         self.detail = DetailPane()
         self.chat = ChatView(self.client, self.catalog)
         self.compare = CompareView(self.client, self.catalog)
+        self.train = TrainPage(self.catalog)
         self.tabs = QTabWidget()
         self.tabs.addTab(self.detail, "Details")
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.compare, "Compare")
+        self.tabs.addTab(self.train, "Train")
         self.splitter = QSplitter()
         self.splitter.addWidget(self.library)
         self.splitter.addWidget(self.tabs)
@@ -126,6 +130,8 @@ class MainWindow(QMainWindow):
         self.detail.defaultRequested.connect(self.set_default)
         self.chat.answered.connect(self.client.describe)
         self.compare.busyChanged.connect(lambda busy: None if busy else self.client.describe())
+        self.train.variantCreated.connect(self._trained)
+        self.train.catalogChanged.connect(self.refresh)
         self.client.stateChanged.connect(self._engine_state)
         self.client.described.connect(self._described)
         self.client.failed.connect(self._request_failed)
@@ -189,6 +195,7 @@ class MainWindow(QMainWindow):
             return
         self.library.load(entries)
         self.compare.set_variants(self.library.model.names("variant"))
+        self.train.refresh()
         current = self.library.current()
         if current:
             self._selected(*current)
@@ -250,6 +257,11 @@ class MainWindow(QMainWindow):
         if dialog.saved_name:
             self.refresh()
             self.select(dialog.saved_name)
+
+    def _trained(self, name: str) -> None:
+        self.refresh()
+        self.select(name)
+        self.statusBar().showMessage(f"trained variant {name} is ready", 10000)
 
     def remove_entry(self, name: str) -> None:
         answer = QMessageBox.question(self, "Remove", f"Remove {name} from the catalog?")
@@ -380,7 +392,16 @@ class MainWindow(QMainWindow):
         self.window_state.sync()
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if self.train.busy():
+            answer = QMessageBox.question(
+                self, "Training in progress",
+                "A training run is in progress. Stop it and quit? (Its last checkpoint is "
+                "kept and can be resumed.)")
+            if answer != QMessageBox.StandardButton.Yes:
+                event.ignore()
+                return
         self.save_state()
         self.stop_current()
+        self.train.client.shutdown()
         self.client.close()
         super().closeEvent(event)

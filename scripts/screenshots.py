@@ -18,6 +18,23 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "screenshots"
 
 
+def demo_prompt() -> str:
+    """A held-out request from the shipped demo task (what the demo variant learned)."""
+    import json
+
+    held_out = ROOT / "resources" / "demo" / "heldout.jsonl"
+    if held_out.exists():
+        line = held_out.read_text(encoding="utf-8").splitlines()[0]
+        record = json.loads(line)
+        for key in ("prompt", "request", "text"):
+            if isinstance(record.get(key), str):
+                return record[key]
+        messages = record.get("messages")
+        if messages:
+            return messages[-2]["content"] if len(messages) > 1 else messages[0]["content"]
+    return "Book a table for two at Luigi's tomorrow at 7pm"
+
+
 def main() -> int:
     os.environ["VARIANT_STUDIO_HOME"] = tempfile.mkdtemp(prefix="vs-shots-")
     sys.path.insert(0, str(ROOT))
@@ -32,7 +49,7 @@ def main() -> int:
 
     app = QApplication(sys.argv)
     catalog = Catalog()
-    catalog.ensure_initialized()
+    catalog.ensure_initialized(demo=True)
     base = defaults.DEFAULT_MODEL_NAME
     info = artifacts.inspect_path(defaults.embedded_model_path())
     scratch = Path(tempfile.mkdtemp())
@@ -64,8 +81,8 @@ def main() -> int:
         settle()
         window.grab().save(str(OUT / f"details-{mode}.png"))
         window.open_compare(demo)
-        prompt = ("Book a table for two at Luigi's tomorrow at 7pm" if demo != "smol-sea-poet"
-                  else "Write a short poem about the sea.")
+        prompt = demo_prompt() if demo != "smol-sea-poet" else \
+            "Write a short poem about the sea."
         window.compare.prompt.setPlainText(prompt)
         window.compare.max_tokens.setValue(48)
         window.compare.run()

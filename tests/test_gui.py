@@ -307,3 +307,10 @@ def test_backend_picker_explains_an_unavailable_backend(populated: MainWindow) -
     other = model.item(1)  # this catalog has no OpenVINO counterpart of the base
     assert not other.isEnabled() and not picker.isEnabled()
     assert "no counterpart on openvino" in other.toolTip()
+
+
+def test_first_run_of_the_app_has_the_demo_and_a_train_tab(window: MainWindow) -> None:
+    assert "tool-calls" in window.library.model.names("variant")
+    titles = [window.tabs.tabText(i) for i in range(window.tabs.count())]
+    assert titles == ["Details", "Chat", "Compare", "Train"]
+    assert window.train.base.count() >= 1
