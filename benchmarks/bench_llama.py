@@ -102,15 +102,27 @@ def main() -> None:
         client.call("open", {"spec": resolve(catalog, target).to_dict()}, timeout=600)
         switch.append(time.perf_counter() - start)
 
-    # Memory: a fresh engine with the base session, then the variant beside it.
+    # Memory: a fresh engine with the base session, then the variant beside it, at
+    # several context sizes (a session's own cost is its KV cache, which scales with
+    # n_ctx); and, for scale, the same process holding two copies of the model.
     client.close()
-    fresh = EngineClient()
-    fresh.call("generate", params(base), timeout=600)
-    base_rss = fresh.call("describe")["memory"]["rss_bytes"]
-    fresh.call("generate", params("va"), timeout=600)
-    both = fresh.call("describe")
-    both_rss = both["memory"]["rss_bytes"]
-    fresh.close()
+    memory = {}
+    for n_ctx in (4096, 2048, 1024):
+        def sized(name: str, n: int = n_ctx) -> dict[str, Any]:
+            return {**params(name), "spec": resolve(catalog, name, n).to_dict()}
+
+        fresh = EngineClient()
+        fresh.call("generate", sized(base), timeout=600)
+        base_rss = fresh.call("describe")["memory"]["rss_bytes"]
+        fresh.call("generate", sized("va"), timeout=600)
+        both = fresh.call("describe")
+        fresh.close()
+        memory[str(n_ctx)] = {"base_rss_bytes": base_rss,
+                              "base_and_variant_rss_bytes": both["memory"]["rss_bytes"],
+                              "sessions": len(both["sessions"]),
+                              "ratio": both["memory"]["rss_bytes"] / base_rss}
+    memory["model_twice"] = _model_twice(str(defaults.embedded_model_path()))
+    memory["target"] = 1.15
 
     write("llama", {
         "prompt": PROMPT, "tokens": args.tokens, "rounds": args.rounds,
@@ -121,10 +133,31 @@ def main() -> None:
                             "target": 0.90},
         "switch_vs_reload": {"switch_s": switch, "reload_s": reload,
                              "ratio": median(switch) / median(reload)},
-        "memory": {"base_rss_bytes": base_rss, "base_and_variant_rss_bytes": both_rss,
-                   "sessions": len(both["sessions"]), "ratio": both_rss / base_rss,
-                   "target": 1.15, "n_ctx": both["sessions"][0]["n_ctx"]},
+        "memory": memory,
     })
+
+
+def _model_twice(path: str) -> dict[str, float]:
+    """RSS of a process with one model and one context, then a second full copy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from engine.llama_backend import LlamaModel, LlamaContext\n"
+        "def rss():\n"
+        "    return int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
+        " * 1024\n"
+        f"m1 = LlamaModel({path!r}, 'a'); c1 = LlamaContext(m1, (), 4096, 512, 2)\n"
+        "c1.prefill(m1.tokenize('Hello there', False)); one = rss()\n"
+        f"m2 = LlamaModel({path!r}, 'b'); c2 = LlamaContext(m2, (), 4096, 512, 2)\n"
+        "c2.prefill(m2.tokenize('Hello there', False)); two = rss()\n"
+        "print(one, two)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    one, two = int(out[0]), int(out[1])
+    return {"one_copy_rss_bytes": one, "two_copies_rss_bytes": two, "ratio": two / one}
 
 
 if __name__ == "__main__":
