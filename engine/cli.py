@@ -659,18 +659,9 @@ def _request(args: argparse.Namespace, catalog: Catalog) -> dict[str, Any]:
 
 
 def _run_engine(op: str, params: dict[str, Any], on_event=None) -> Any:
-    from engine.client import EngineClient
+    from engine.client import run_once
 
-    client = EngineClient()
-    handle = client.submit(op, params, on_event)
-    try:
-        return handle.wait()
-    except KeyboardInterrupt:
-        client.cancel(handle)
-        handle.done.wait(30)
-        raise
-    finally:
-        client.close()
+    return run_once(op, params, on_event)
 
 
 def cmd_generate(catalog: Catalog, args: argparse.Namespace) -> int:

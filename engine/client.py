@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 from engine import protocol
 from engine.errors import Cancelled, EngineError, StudioError
@@ -86,27 +86,14 @@ class EngineClient:
         self._log.clear()
         threading.Thread(target=self._read_events, args=(proc,), daemon=True,
                          name="engine-events").start()
-        threading.Thread(target=self._read_log, args=(proc.stderr,), daemon=True,
-                         name="engine-log").start()
+        threading.Thread(target=protocol.read_log, args=(proc.stderr, self._log),
+                         daemon=True, name="engine-log").start()
         self._set_state("running", f"pid {proc.pid}")
         return proc
 
-    def _read_log(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                self._log.append(line)
-
     def _read_events(self, proc: subprocess.Popen[bytes]) -> None:
-        import json
-
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            try:
-                message = json.loads(raw)
-            except ValueError:
-                continue
-            self._dispatch(message)
+        protocol.read_messages(proc.stdout, self._dispatch)
         code = proc.wait()
         self._on_exit(proc, code)
 
@@ -224,6 +211,21 @@ class EngineClient:
         except (OSError, subprocess.TimeoutExpired):
             proc.kill()
             proc.wait()
+
+
+def run_once(op: str, params: dict[str, Any] | None = None,
+             on_event: EventCallback | None = None) -> Any:
+    """One request in a fresh engine process (the CLI's way); Ctrl-C cancels it."""
+    client = EngineClient()
+    handle = client.submit(op, params, on_event)
+    try:
+        return handle.wait()
+    except KeyboardInterrupt:
+        client.cancel(handle)
+        handle.done.wait(30)
+        raise
+    finally:
+        client.close()
 
 
 def _describe_exit(code: int) -> str:

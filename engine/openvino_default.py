@@ -35,22 +35,13 @@ def build_in_engine(progress: Progress, cancelled: Callable[[], bool]) -> dict[s
 
 def engine_builder(progress: Progress | None) -> dict[str, Any]:
     """Ask an engine process to build the default, relaying its progress events."""
-    from engine.client import EngineClient
+    from engine.client import run_once
 
     def on_event(event: dict[str, Any]) -> None:
         if progress is not None and event.get("event") == "progress":
             progress(str(event.get("stage", "")), float(event.get("fraction", 0.0)))
 
-    client = EngineClient()
-    handle = client.submit("build_openvino_default", {}, on_event)
-    try:
-        return handle.wait()
-    except KeyboardInterrupt:
-        client.cancel(handle)
-        handle.done.wait(30)
-        raise
-    finally:
-        client.close()
+    return run_once("build_openvino_default", {}, on_event)
 
 
 def is_registered(catalog: Catalog) -> bool:

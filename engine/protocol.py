@@ -11,7 +11,9 @@ itself with `{"event": "ready", "pid", "versions"}`.
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections import deque
+from collections.abc import Callable
+from typing import IO, Any
 
 from engine import errors
 
@@ -24,6 +26,25 @@ ERROR_TYPES: dict[str, type[errors.StudioError]] = {
                 errors.InspectionError, errors.ValidationError, errors.UnknownNameError,
                 errors.Cancelled, errors.EngineError, errors.StateError)
 }
+
+
+def read_messages(stream: IO[bytes], dispatch: Callable[[dict[str, Any]], None]) -> None:
+    """Call `dispatch` for every JSON object line until the stream ends."""
+    for raw in stream:
+        try:
+            message = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(message, dict):
+            dispatch(message)
+
+
+def read_log(stream: IO[bytes], lines: deque[str]) -> None:
+    """Keep a child process's stderr lines (the ring buffer bounds them)."""
+    for raw in stream:
+        line = raw.decode("utf-8", "replace").rstrip()
+        if line:
+            lines.append(line)
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -9,14 +9,13 @@ the last lines of its log. The CLI uses it directly; the GUI wraps it in Qt sign
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Any
 
 from engine import protocol
 from engine.errors import Cancelled, EngineError, StudioError
@@ -49,7 +48,7 @@ class TrainingJob:
             start_new_session=True)
         self._proc = proc
         self.pid = proc.pid
-        threading.Thread(target=self._read_log, args=(proc.stderr,), daemon=True,
+        threading.Thread(target=protocol.read_log, args=(proc.stderr, self._log), daemon=True,
                          name="train-log").start()
         threading.Thread(target=self._read_events, args=(proc,), daemon=True,
                          name="train-events").start()
@@ -66,21 +65,9 @@ class TrainingJob:
         except OSError:
             pass  # the reader sees the exit and fails the job
 
-    def _read_log(self, stream: IO[bytes]) -> None:
-        for raw in stream:
-            line = raw.decode("utf-8", "replace").rstrip()
-            if line:
-                self._log.append(line)
-
     def _read_events(self, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
-        for raw in proc.stdout:
-            try:
-                message = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(message, dict):
-                self._dispatch(message)
+        protocol.read_messages(proc.stdout, self._dispatch)
         code = proc.wait()
         if not self.done.is_set():
             tail = tuple(list(self._log)[-8:])
