@@ -99,24 +99,5 @@ def _llama_default(catalog: Catalog, source_sha: str) -> str | None:
     return None
 
 
-def counterpart(catalog: Catalog, base: str, backend: str) -> str | None:
-    """The model serving the same weights as `base` on `backend`, if the catalog has one.
-
-    Known pairs are models built from another (`built_from.sha256`), in either
-    direction; the OpenVINO default mirrors the llama.cpp default this way.
-    """
-    record = catalog.model(base)
-    if record["backend"] == backend:
-        return base
-    for other in catalog.data()["models"].values():
-        if other.get("backend") != backend:
-            continue
-        if other.get("built_from", {}).get("sha256") == record["sha256"]:
-            return other["name"]
-        if record.get("built_from", {}).get("sha256") == other.get("sha256"):
-            return other["name"]
-    return None
-
-
 def describe_error(exc: StudioError) -> str:
     return f"the OpenVINO default could not be built: {exc.message}"

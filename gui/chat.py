@@ -174,6 +174,11 @@ class ChatView(QWidget):
         existing = conversations.list_all(name)
         self.open_conversation(existing[0] if existing else conversations.new(name))
 
+    def catalog_changed(self) -> None:
+        """Which backends can serve the current model may have changed."""
+        if self.request_id is None:
+            self.backend.set_target(self.catalog, self.model_name)
+
     def _reload_list(self) -> None:
         self.list_model.clear()
         if self.model_name is None:

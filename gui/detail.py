@@ -156,6 +156,7 @@ class DetailPane(QWidget):
     removeRequested = Signal(str)
     defaultRequested = Signal(str)
     newVariantRequested = Signal(str)
+    convertRequested = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -183,6 +184,7 @@ class DetailPane(QWidget):
             ("edit", "Edit…", self.editRequested),
             ("duplicate", "Duplicate", self.duplicateRequested),
             ("variant", "New variant…", self.newVariantRequested),
+            ("convert", "Add file for the other backend", self.convertRequested),
             ("default", "Use as default", self.defaultRequested),
             ("copy", "Copy identity", None),
             ("remove", "Remove…", self.removeRequested),
@@ -219,6 +221,7 @@ class DetailPane(QWidget):
             "edit": kind == "variant",
             "duplicate": kind == "variant",
             "variant": kind == "adapter",
+            "convert": kind == "adapter",
             "default": kind in ("model", "variant"),
             "copy": kind in ("model", "variant"),
             "remove": kind is not None,

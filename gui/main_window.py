@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMainWindow,
     QMessageBox,
+    QProgressDialog,
     QPushButton,
     QSplitter,
     QTabWidget,
@@ -27,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import paths, settings, statefile
+from engine import openvino_default, paths, settings, statefile
 from engine.catalog import Catalog
 from engine.cli import show_entry
 from engine.errors import StudioError
@@ -39,6 +40,7 @@ from gui.detail import DetailPane
 from gui.engine_client import QtEngineClient
 from gui.library import LibraryView, snapshot
 from gui.settings_dialog import SettingsDialog
+from gui.tasks import Task
 from gui.train_page import TrainPage
 from gui.wizard import ImportDialog
 
@@ -88,6 +90,7 @@ class MainWindow(QMainWindow):
         self.window_state = QSettings(str(paths.data_dir() / "window.ini"),
                                       QSettings.Format.IniFormat)
         self.theme = str(self.window_state.value("theme", "system"))
+        self._tasks: list[Task] = []
 
         self.library = LibraryView()
         self.detail = DetailPane()
@@ -127,6 +130,7 @@ class MainWindow(QMainWindow):
         self.detail.duplicateRequested.connect(lambda n: self.compose(duplicate_of=n))
         self.detail.newVariantRequested.connect(lambda n: self.compose(adapter=n))
         self.detail.removeRequested.connect(self.remove_entry)
+        self.detail.convertRequested.connect(self.convert_adapter)
         self.detail.defaultRequested.connect(self.set_default)
         self.chat.answered.connect(self.client.describe)
         self.compare.busyChanged.connect(lambda busy: None if busy else self.client.describe())
@@ -166,6 +170,9 @@ class MainWindow(QMainWindow):
         self.act_search = action("Search library", "Ctrl+F", self.library.search.setFocus)
         self.act_settings = action("Settings…", "Ctrl+,", self.open_settings)
         self.act_restart = action("Restart engine", None, self.restart_engine)
+        self.act_openvino = action("Build the OpenVINO default model…", None,
+                                   self.build_openvino_default,
+                                   "Make the embedded model servable by OpenVINO")
         self.act_quit = action("Quit", "Ctrl+Q", self.close)
         menu = self.menuBar()
         file_menu = menu.addMenu("&File")
@@ -178,6 +185,7 @@ class MainWindow(QMainWindow):
             model_menu.addAction(act)
         engine_menu = menu.addMenu("&Engine")
         engine_menu.addAction(self.act_restart)
+        engine_menu.addAction(self.act_openvino)
         toolbar = self.addToolBar("Main")
         toolbar.setObjectName("main-toolbar")
         toolbar.setMovable(False)
@@ -195,6 +203,7 @@ class MainWindow(QMainWindow):
             return
         self.library.load(entries)
         self.compare.set_variants(self.library.model.names("variant"))
+        self.chat.catalog_changed()
         self.train.refresh()
         current = self.library.current()
         if current:
@@ -263,6 +272,21 @@ class MainWindow(QMainWindow):
         self.select(name)
         self.statusBar().showMessage(f"trained variant {name} is ready", 10000)
 
+    def convert_adapter(self, name: str) -> Task:
+        """Give an adapter a file for the other backend (GGUF <-> PEFT), in the background."""
+        record = self.catalog.adapter(name)
+        backend = "openvino" if record["backend"] == "llama" else "llama"
+        task = Task(lambda progress, _cancelled: self.catalog.convert_adapter(
+            name, backend, progress=progress), self)
+        task.succeeded.connect(lambda _r: (self.refresh(), self.statusBar().showMessage(
+            f"{name} now has a {backend} file", 8000)))
+        task.failed.connect(lambda message: QMessageBox.warning(
+            self, "Not converted", message))
+        task.start()
+        self._tasks.append(task)
+        task.done.connect(lambda: self._tasks.remove(task))
+        return task
+
     def remove_entry(self, name: str) -> None:
         answer = QMessageBox.question(self, "Remove", f"Remove {name} from the catalog?")
         if answer != QMessageBox.StandardButton.Yes:
@@ -312,6 +336,56 @@ class MainWindow(QMainWindow):
             theme.apply(QApplication.instance(), self.theme)
             if dialog.threads_changed:
                 self.restart_engine()
+
+    def build_openvino_default(self) -> None:
+        """Build the curated OpenVINO twin of the embedded model (about 30 s, once)."""
+        if openvino_default.is_registered(self.catalog):
+            self.statusBar().showMessage("the OpenVINO default model is already built", 6000)
+            return
+        request = self.client.submit("build_openvino_default", {})
+        dialog = QProgressDialog("Building the OpenVINO default model from the embedded "
+                                 "GGUF…", "Cancel", 0, 1000, self)
+        dialog.setWindowTitle("OpenVINO default model")
+        dialog.setMinimumDuration(0)
+        dialog.canceled.connect(lambda: self.client.stop(request))
+
+        def progress(request_id: str, event: dict) -> None:
+            if request_id == request:
+                dialog.setLabelText(str(event.get("stage", "")))
+                dialog.setValue(int(float(event.get("fraction", 0.0)) * 999))
+
+        def finished(request_id: str, result: Any) -> None:
+            if request_id != request:
+                return
+            disconnect()
+            try:
+                openvino_default.ensure_default(self.catalog, builder=lambda _p: result)
+            except StudioError as exc:
+                QMessageBox.warning(self, "OpenVINO default", exc.message)
+            self.refresh()
+            self.statusBar().showMessage("OpenVINO default model ready: variants of the "
+                                         "embedded model can now be served by OpenVINO",
+                                         10000)
+
+        def ended(request_id: str, *details: Any) -> None:
+            if request_id != request:
+                return
+            disconnect()
+            if details:
+                QMessageBox.warning(self, "OpenVINO default", str(details[0]))
+
+        def disconnect() -> None:
+            dialog.reset()
+            self.client.progress.disconnect(progress)
+            self.client.finished.disconnect(finished)
+            self.client.failed.disconnect(ended)
+            self.client.cancelled.disconnect(ended)
+
+        self.client.progress.connect(progress)
+        self.client.finished.connect(finished)
+        self.client.failed.connect(ended)
+        self.client.cancelled.connect(ended)
+        self._openvino_dialog = dialog
 
     def restart_engine(self) -> None:
         self.banner.hide()

@@ -314,3 +314,32 @@ def test_first_run_of_the_app_has_the_demo_and_a_train_tab(window: MainWindow) -
     titles = [window.tabs.tabText(i) for i in range(window.tabs.count())]
     assert titles == ["Details", "Chat", "Compare", "Train"]
     assert window.train.base.count() >= 1
+
+
+def test_openvino_from_the_window(populated: MainWindow, qtbot, tmp_path_factory) -> None:
+    """Build the OpenVINO default, give an adapter its PEFT file, chat on OpenVINO."""
+    from tests.test_openvino_helpers import first_build
+
+    first_build(tmp_path_factory)  # the session's build cache: the window finds it there
+    picker = populated.chat.backend
+    populated.open_chat("va")
+    assert not picker.model().item(1).isEnabled()
+    with qtbot.waitSignal(populated.client.finished, timeout=LONG):
+        populated.build_openvino_default()
+    qtbot.waitUntil(lambda: "smollm2-135m-instruct-openvino" in
+                    populated.library.model.names("model"), timeout=LONG)
+    populated.select("a")
+    with qtbot.waitSignal(populated.convert_adapter("a").done, timeout=LONG):
+        pass
+    assert "openvino" in Catalog().adapter("a").get("files", {})
+    populated.select("va")
+    populated.open_chat("va")
+    assert picker.model().item(1).isEnabled() and picker.isEnabled()
+    picker.setCurrentIndex(1)
+    assert picker.backend() == "openvino"
+    populated.chat.input.setPlainText("Write a short poem about the sea.")
+    with qtbot.waitSignal(populated.chat.answered, timeout=LONG):
+        populated.chat.send()
+    answer = populated.chat.conversation.messages[-1]
+    assert answer.backend == "openvino" and answer.content
+    assert answer.identity == Catalog().identity("va", backend="openvino").key
