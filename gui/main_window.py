@@ -30,7 +30,7 @@ from PySide6.QtWidgets import (
 
 from engine import openvino_default, paths, settings, statefile
 from engine.catalog import Catalog
-from engine.cli import show_entry
+from engine.entries import show_entry
 from engine.errors import StudioError
 from gui import theme
 from gui.chat import ChatView
