@@ -334,12 +334,17 @@ class Catalog:
             data["adapters"][name] = record
             return data
 
-        try:
-            self.state.update(insert)
-        except BaseException:
-            shutil.rmtree(final, ignore_errors=True)
-            raise
+        self._record_or_discard(insert, final)
         return record
+
+    def _record_or_discard(self, mutate: Callable[[dict], dict], stored: Path) -> None:
+        """Apply `mutate` to the catalog; if that fails, remove the copy stored for it,
+        so a refused or interrupted import leaves no orphan files behind."""
+        try:
+            self.state.update(mutate)
+        except BaseException:
+            shutil.rmtree(stored, ignore_errors=True)
+            raise
 
     def adapter_info(self, record: dict[str, Any]) -> AdapterInfo:
         info = artifacts.inspect_path(Path(record["path"]))
@@ -600,11 +605,7 @@ class Catalog:
             data["adapters"][name].setdefault("files", {})[backend] = entry
             return data
 
-        try:
-            self.state.update(insert)
-        except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
+        self._record_or_discard(insert, folder)
         return entry
 
     def convert_adapter(self, name: str, backend: str, base: str | None = None,

@@ -407,7 +407,7 @@ class TrainPage(QWidget):
         self.start_button.setEnabled(not running and training.torch_available())
         self.cancel_button.setEnabled(running)
         for widget in (self.base, self.data, self.browse, self.name, self.variant,
-                       self.advanced):
+                       self.steps, self.lr, self.rank, self.train_eot, self.advanced):
             widget.setEnabled(not running)
 
     def _status(self, text: str, error: bool = False) -> None:

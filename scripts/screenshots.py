@@ -3,8 +3,8 @@
 Run under a virtual display:  xvfb-run -a -s "-screen 0 1400x900x24" \
     .venv/bin/python scripts/screenshots.py
 It uses a scratch data directory with the embedded model, a generated adapter and
-(when present) the shipped demo variant, runs a real chat and a real comparison
-through the engine, and grabs each view.
+(when present) the shipped demo variant, runs a real chat, a real comparison and a
+short real training run, and grabs each view.
 """
 
 from __future__ import annotations
@@ -33,6 +33,28 @@ def demo_prompt() -> str:
         if messages:
             return messages[-2]["content"] if len(messages) > 1 else messages[0]["content"]
     return "Book a table for two at Luigi's tomorrow at 7pm"
+
+
+def train_capture(window, wait) -> None:
+    """A short real training run on the demo data, grabbed at its last step (before the
+    window moves on to the new variant)."""
+    page = window.train
+    window.tabs.setCurrentWidget(page)
+    page.data.setText(str(ROOT / "resources" / "demo" / "train.jsonl"))
+    page.name.setText("tool-calls-quick")
+    page.variant.setText("tool-calls-quick-v")
+    steps = 16
+    page.steps.setValue(steps)
+    page.seq_len.setValue(128)
+    page.batch.setValue(4)
+
+    def grab_last(event: dict) -> None:
+        if event.get("step") == steps:
+            window.grab().save(str(OUT / "train.png"))
+
+    page.client.progress.connect(grab_last)
+    page.start()
+    wait(page.client.finished, 900_000)
 
 
 def main() -> int:
@@ -110,6 +132,7 @@ def main() -> int:
             settle()
             composer.grab().save(str(OUT / "composer.png"))
             composer.reject()
+            train_capture(window, wait)
         window.close()
     print(f"screenshots written to {OUT}")
     return 0

@@ -56,14 +56,14 @@ def test_short_training_lands_on_the_new_variant(qtbot, page: TrainPage,
     with qtbot.waitSignal(page.variantCreated, timeout=600_000) as created:
         page.start_button.click()
         assert page.busy() and not page.start_button.isEnabled()
-        assert page.cancel_button.isEnabled()
+        assert page.cancel_button.isEnabled() and not page.steps.isEnabled()
     assert created.args == ["gui-a-v"]
     assert steps == [1, 2, 3]
     assert [s for s, _ in page.plot.points] == [1, 2, 3]
     assert page.progress.maximum() == 3 and page.progress.value() == 3
     assert any("small data" in w for w in warnings) and not page.warnings.isHidden()
     assert page.status.text().startswith("Done: adapter gui-a")
-    assert not page.busy() and page.start_button.isEnabled()
+    assert not page.busy() and page.start_button.isEnabled() and page.steps.isEnabled()
     catalog = Catalog()
     assert catalog.variant("gui-a-v")["adapters"] == [{"name": "gui-a", "scale": 1.0}]
     record = catalog.adapter("gui-a")["provenance"]
