@@ -92,6 +92,8 @@ class ChatView(QWidget):
         self.list = QListView()
         self.list.setModel(self.list_model)
         self.list.setEditTriggers(QListView.EditTrigger.NoEditTriggers)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)  # long titles end in "…"
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.selectionModel().currentChanged.connect(self._pick_conversation)
         self.new_button = QPushButton("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
@@ -186,7 +188,8 @@ class ChatView(QWidget):
         for conv in conversations.list_all(self.model_name):
             item = QStandardItem(conv.title)
             item.setData(conv.id, ConversationId)
-            item.setToolTip(time.strftime("%Y-%m-%d %H:%M", time.localtime(conv.updated_at)))
+            item.setToolTip(f"{conv.title}\n" + time.strftime(
+                "%Y-%m-%d %H:%M", time.localtime(conv.updated_at)))
             self.list_model.appendRow(item)
 
     def open_conversation(self, conversation: Conversation) -> None:

@@ -304,11 +304,13 @@ class MainWindow(QMainWindow):
         self._selected(*(self.library.current() or ("", name)))
 
     def open_chat(self, name: str) -> None:
+        self.library.select(name)  # the sidebar always shows what the tabs are about
         self.chat.set_model(name)
         self.tabs.setCurrentWidget(self.chat)
         self.chat.input.setFocus()
 
     def open_compare(self, name: str) -> None:
+        self.library.select(name)
         self.compare.select_variant(name)
         self.tabs.setCurrentWidget(self.compare)
         self.compare.prompt.setFocus()
@@ -449,11 +451,13 @@ class MainWindow(QMainWindow):
         if chat_splitter is not None:
             self.chat.splitter.restoreState(chat_splitter)
         self.tabs.setCurrentIndex(int(self.window_state.value("tab", 0) or 0))
-        selection = self.window_state.value("selection") or settings.load().default_model
-        if not (selection and self.library.select(str(selection))):
-            default = settings.load().default_model
-            if default:
-                self.library.select(default)
+        # The last selection, else the default model, else (a first run) the first
+        # variant, so the window never opens on an empty detail pane.
+        candidates = [self.window_state.value("selection"), settings.load().default_model,
+                      *self.library.model.names("variant"), *self.library.model.names("model")]
+        for name in candidates:
+            if name and self.library.select(str(name)):
+                break
 
     def save_state(self) -> None:
         self.window_state.setValue("geometry", self.saveGeometry())

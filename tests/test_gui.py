@@ -314,6 +314,9 @@ def test_first_run_of_the_app_has_the_demo_and_a_train_tab(window: MainWindow) -
     titles = [window.tabs.tabText(i) for i in range(window.tabs.count())]
     assert titles == ["Details", "Chat", "Compare", "Train"]
     assert window.train.base.count() >= 1
+    # The window opens on something to look at, not an empty detail pane.
+    assert window.library.current() == ("variant", "tool-calls")
+    assert window.chat.model_name == "tool-calls"
 
 
 def test_openvino_from_the_window(populated: MainWindow, qtbot, tmp_path_factory) -> None:
