@@ -5,7 +5,8 @@
 2. A rank-8 q/v variant against its base, both through the engine (target >= 0.90).
 3. Switching variant with the base resident against a full model reload.
 4. Engine resident memory with base and variant sessions side by side against the base
-   alone (target <= 1.15x; loading the model twice would be about 2x).
+   alone (target <= 1.15x; loading the model twice would be about 2x), for a chat turn
+   and for requests that fill 1024, 2048 and 4096 KV cells.
 
 Runs alternate A and B several times and report medians and the ratio of medians.
 Usage: .venv/bin/python -m benchmarks.bench_llama [--rounds N] [--tokens N]
@@ -102,25 +103,33 @@ def main() -> None:
         client.call("open", {"spec": resolve(catalog, target).to_dict()}, timeout=600)
         switch.append(time.perf_counter() - start)
 
-    # Memory: a fresh engine with the base session, then the variant beside it, at
-    # several context sizes (a session's own cost is its KV cache, which scales with
-    # n_ctx); and, for scale, the same process holding two copies of the model.
+    # Memory: a fresh engine with the base session, then the variant beside it, both at
+    # the default n_ctx 4096. A session allocates the KV cells its requests need, so we
+    # measure at several request sizes: the benchmark's prompt (a chat turn), and long
+    # prompts that need 1024, 2048 and all 4096 cells on both sessions. For scale: the
+    # same process holding two copies of the model.
     client.close()
-    memory = {}
-    for n_ctx in (4096, 2048, 1024):
-        def sized(name: str, n: int = n_ctx) -> dict[str, Any]:
-            return {**params(name), "spec": resolve(catalog, name, n).to_dict()}
+    memory: dict[str, Any] = {}
+    filler = "The lighthouse keeper counted the waves and wrote them down. "
+    for label, repeats in (("chat turn", 0), ("1024 cells", 70), ("2048 cells", 150),
+                           ("4096 cells", 300)):
+        text = filler * repeats if repeats else PROMPT
+
+        def sized(name: str, prompt: str = text) -> dict[str, Any]:
+            return {**params(name), "prompt": {"text": prompt}}
 
         fresh = EngineClient()
-        fresh.call("generate", sized(base), timeout=600)
-        base_rss = fresh.call("describe")["memory"]["rss_bytes"]
+        first = fresh.call("generate", sized(base), timeout=600)
+        alone = fresh.call("describe")
         fresh.call("generate", sized("va"), timeout=600)
         both = fresh.call("describe")
         fresh.close()
-        memory[str(n_ctx)] = {"base_rss_bytes": base_rss,
-                              "base_and_variant_rss_bytes": both["memory"]["rss_bytes"],
-                              "sessions": len(both["sessions"]),
-                              "ratio": both["memory"]["rss_bytes"] / base_rss}
+        memory[label] = {"prompt_tokens": first["prompt_tokens"],
+                         "kv_capacity": [s["kv_capacity"] for s in both["sessions"]],
+                         "base_rss_bytes": alone["memory"]["rss_bytes"],
+                         "base_and_variant_rss_bytes": both["memory"]["rss_bytes"],
+                         "sessions": len(both["sessions"]),
+                         "ratio": both["memory"]["rss_bytes"] / alone["memory"]["rss_bytes"]}
     memory["model_twice"] = _model_twice(str(defaults.embedded_model_path()))
     memory["target"] = 1.15
 

@@ -154,52 +154,95 @@ class LlamaModel:
             self.ptr = None
 
 
+# The smallest KV cache a session allocates, in cells. A power of two (so a multiple of
+# llama.cpp's 256-cell KV padding): see LlamaContext.
+MIN_CAPACITY = 512
+
+
+def capacity_for(n_tokens: int, n_ctx: int) -> int:
+    """KV cells to allocate for `n_tokens`: the next power of two from MIN_CAPACITY,
+    never more than the session's n_ctx."""
+    capacity = MIN_CAPACITY
+    while capacity < n_tokens:
+        capacity *= 2
+    return min(capacity, n_ctx)
+
+
 class LlamaContext:
-    """One session: a context over a resident model, with a fixed adapter set."""
+    """One session: a context over a resident model, with a fixed adapter set.
+
+    `n_ctx` is the session's context size (part of its identity); the native KV cache
+    is allocated only as large as the requests need (`capacity`, grown in powers of two
+    up to n_ctx), because one full cache costs as much memory as this model's weights.
+    Growing recreates the native context, and every request starts from an empty
+    cache anyway. The size does not change any result: attention runs over the used
+    cells rounded up to llama.cpp's padding, not over the allocation, so logits are
+    bit-identical whatever the capacity (tests/test_engine_llama.py holds this).
+    """
 
     def __init__(self, model: LlamaModel, adapters: tuple[AdapterFile, ...], n_ctx: int,
                  n_batch: int, n_threads: int) -> None:
         self.model = model
         self.n_ctx = n_ctx
         self.n_batch = n_batch
+        self.n_threads = n_threads
         self.cancelled: Callable[[], bool] = lambda: False
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = 1
-        params.n_threads = n_threads
-        params.n_threads_batch = n_threads
-        params.no_perf = True
+        self.ptr = None
+        self.batch = None
+        self.capacity = 0
+        self.tokens: list[int] = []  # what the KV cache holds, in order (sequence 0)
 
         @llama_cpp.ggml_abort_callback
         def should_abort(user: ctypes.c_void_p) -> bool:
             return bool(self.cancelled())
 
         self._abort_cb = should_abort
-        params.abort_callback = should_abort
-        self.ptr = llama_cpp.llama_init_from_model(model.ptr, params)
-        if not self.ptr:
-            raise EngineError("llama.cpp could not create a context", details=recent_log())
-        self.memory = llama_cpp.llama_get_memory(self.ptr)
         self.adapter_shas: list[str] = []
+        self._adapter_ptrs: list[ctypes.c_void_p] = []
+        self._scales = [a.scale for a in adapters]
         try:
-            if adapters:
-                ptrs = []
-                for adapter in adapters:
-                    ptrs.append(model.acquire_adapter(adapter))
-                    self.adapter_shas.append(adapter.sha256)
-                array = (llama_cpp.llama_adapter_lora_p_ctypes * len(ptrs))(*ptrs)
-                scales = (ctypes.c_float * len(ptrs))(*[a.scale for a in adapters])
-                rc = llama_cpp.llama_set_adapters_lora(self.ptr, array, len(ptrs), scales)
-                if rc != 0:
-                    raise EngineError(f"llama.cpp refused the adapter set (code {rc})",
-                                      details=recent_log())
+            for adapter in adapters:
+                self._adapter_ptrs.append(model.acquire_adapter(adapter))
+                self.adapter_shas.append(adapter.sha256)
+            self._allocate(capacity_for(0, n_ctx))
         except BaseException:
             self.close()
             raise
         self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
-        self.tokens: list[int] = []  # what the KV cache holds, in order (sequence 0)
+
+    def _allocate(self, capacity: int) -> None:
+        """(Re)create the native context with `capacity` KV cells and the adapter set."""
+        if self.ptr:
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+        self.tokens = []
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = capacity
+        params.n_batch = self.n_batch
+        params.n_ubatch = self.n_batch
+        params.n_seq_max = 1
+        params.n_threads = self.n_threads
+        params.n_threads_batch = self.n_threads
+        params.no_perf = True
+        params.abort_callback = self._abort_cb
+        self.ptr = llama_cpp.llama_init_from_model(self.model.ptr, params)
+        if not self.ptr:
+            raise EngineError("llama.cpp could not create a context", details=recent_log())
+        self.capacity = capacity
+        self.memory = llama_cpp.llama_get_memory(self.ptr)
+        if self._adapter_ptrs:
+            count = len(self._adapter_ptrs)
+            array = (llama_cpp.llama_adapter_lora_p_ctypes * count)(*self._adapter_ptrs)
+            scales = (ctypes.c_float * count)(*self._scales)
+            rc = llama_cpp.llama_set_adapters_lora(self.ptr, array, count, scales)
+            if rc != 0:
+                raise EngineError(f"llama.cpp refused the adapter set (code {rc})",
+                                  details=recent_log())
+
+    def reserve(self, n_tokens: int) -> None:
+        """Make room for `n_tokens` cached tokens (up to n_ctx); may empty the cache."""
+        if n_tokens > self.capacity and self.capacity < self.n_ctx:
+            self._allocate(capacity_for(n_tokens, self.n_ctx))
 
     def _logits(self, index: int) -> np.ndarray:
         ptr = llama_cpp.llama_get_logits_ith(self.ptr, index)
@@ -211,6 +254,11 @@ class LlamaContext:
         if len(self.tokens) + len(tokens) > self.n_ctx:
             raise EngineError(f"context full: {len(self.tokens) + len(tokens)} tokens do not "
                               f"fit in n_ctx={self.n_ctx}")
+        if len(self.tokens) + len(tokens) > self.capacity:
+            # prefill and score reserve what a request needs; growing here would mean
+            # decoding the cached tokens again, in another batch, with other numerics.
+            raise EngineError(f"internal: {len(self.tokens) + len(tokens)} tokens exceed the "
+                              f"reserved KV capacity {self.capacity}")
         for start in range(0, len(tokens), self.n_batch):
             if self.cancelled():
                 raise Cancelled("cancelled")
@@ -250,8 +298,9 @@ class LlamaContext:
                 return
             self.tokens = self.tokens[:n]
 
-    def prefill(self, prompt: list[int]) -> np.ndarray:
-        """Logits after `prompt`, decoded from an empty cache in one pass.
+    def prefill(self, prompt: list[int], reserve: int = 0) -> np.ndarray:
+        """Logits after `prompt`, decoded from an empty cache in one pass, with room
+        for `reserve` more tokens.
 
         Reusing a cached prefix would be faster, but llama.cpp's numerics depend on
         the batch a token was decoded in, so a warm and a cold run of the same prompt
@@ -259,6 +308,7 @@ class LlamaContext:
         """
         if not prompt:
             raise EngineError("empty prompt")
+        self.reserve(len(prompt) + reserve)
         self.reset()
         return self._decode(prompt, want_all=False)[-1]
 
@@ -269,6 +319,7 @@ class LlamaContext:
         """Logits predicting each token of `continuation` after `prompt` (teacher forcing)."""
         if not continuation:
             return []
+        self.reserve(len(prompt) + len(continuation))
         self._keep(min(len(prompt) - 1, _common(self.tokens, prompt)))
         feed = prompt[len(self.tokens):] + continuation[:-1]
         rows = self._decode(feed, want_all=True)

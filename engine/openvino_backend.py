@@ -285,8 +285,9 @@ class OvContext:
         self.request.reset_state()
         self.tokens = []
 
-    def prefill(self, prompt: list[int]) -> np.ndarray:
-        """Logits after `prompt`, computed from an empty state in one pass."""
+    def prefill(self, prompt: list[int], reserve: int = 0) -> np.ndarray:
+        """Logits after `prompt`, computed from an empty state in one pass (the
+        stateful KV cache grows by itself, so `reserve` needs nothing here)."""
         if not prompt:
             raise EngineError("empty prompt")
         self.reset()

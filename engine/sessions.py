@@ -303,7 +303,7 @@ class SessionManager:
         model = self.residents[resident_key(session.spec)].model
         start = time.perf_counter()
         if side.logits is None:
-            side.logits = session.context.prefill(side.prompt)
+            side.logits = session.context.prefill(side.prompt, reserve=sampling.max_tokens)
             start = time.perf_counter()
         token = side.sampler.choose(side.logits, side.prompt + side.tokens)
         logprob = float(log_softmax(side.logits)[token])
@@ -445,7 +445,7 @@ class SessionManager:
 
     def _greedy(self, session: OpenSession, prompt: list[int], n_tokens: int) -> list[int]:
         model = self.residents[resident_key(session.spec)].model
-        logits = session.context.prefill(prompt)
+        logits = session.context.prefill(prompt, reserve=n_tokens)
         out: list[int] = []
         while len(out) < n_tokens:
             token = int(np.argmax(logits))
@@ -474,6 +474,7 @@ class SessionManager:
                  "adapters": [{"name": a.name, "sha256": a.sha256, "scale": a.scale}
                               for a in s.spec.adapters],
                  "n_ctx": s.context.n_ctx, "cached_tokens": len(s.context.tokens),
+                 "kv_capacity": getattr(s.context, "capacity", s.context.n_ctx),
                  "generations": s.generations}
                 for key, s in self.sessions.items()
             ],

@@ -180,3 +180,26 @@ def test_describe_reports_sessions_adapters_and_memory(world) -> None:
     assert [(a["name"], a["scale"]) for a in vab["adapters"]] == [("a", 0.5), ("b", 0.5)]
     assert vab["adapters"][0]["sha256"] == catalog.adapter("a")["sha256"]
     assert info["memory"]["rss_bytes"] > resident["size_bytes"]
+
+
+def test_kv_cache_grows_with_the_request_and_never_changes_results(world) -> None:
+    """A session allocates the KV cells its requests need (powers of two up to n_ctx),
+    and the allocation is invisible in the results: the same request gives bit-identical
+    tokens and log-probabilities before and after the cache grew."""
+    catalog, client = world
+    client.call("close_all", timeout=60)
+
+    def session(name: str) -> dict[str, Any]:
+        info = client.call("describe", timeout=60)
+        return next(s for s in info["sessions"] if s["name"] == name)
+
+    small = generate(client, catalog, "va", max_tokens=24)
+    assert session("va")["kv_capacity"] == 512 and session("va")["n_ctx"] == 4096
+    long_prompt = {"text": "The lighthouse keeper counted the waves. " * 180}
+    grown = generate(client, catalog, "va", prompt=long_prompt, max_tokens=4)
+    assert 1024 < grown["prompt_tokens"] + 4 <= 2048
+    assert session("va")["kv_capacity"] == 2048
+    assert grown["identity"] == small["identity"]  # same session, same identity
+    again = generate(client, catalog, "va", max_tokens=24)
+    assert again["token_ids"] == small["token_ids"]
+    assert again["logprobs"] == small["logprobs"]  # exact, not approximately
