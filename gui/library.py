@@ -255,7 +255,9 @@ class BadgeDelegate(QStyledItemDelegate):
             width = sfm.horizontalAdvance(badge) + 10
             x -= width
             box = QRect(x, rect.top() + 1, width, sfm.height() + 2)
-            painter.setPen(Qt.PenStyle.NoPen)
+            # On a selected row a white outline keeps a badge that shares the
+            # selection's colour (llama.cpp blue) visible.
+            painter.setPen(QColor("white") if selected else Qt.PenStyle.NoPen)
             painter.setBrush(QColor(BADGE_COLORS.get(badge, "#777")))
             painter.drawRoundedRect(box, 6, 6)
             painter.setPen(QColor("white"))
