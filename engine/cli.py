@@ -40,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"variant-studio {__version__}")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    sub.add_parser("gui", help="open the desktop app (the default)")
+    gui = sub.add_parser("gui", help="open the desktop app (the default)")
+    gui.add_argument("file", nargs="?", help="an adapter file or folder to import")
+    gui.add_argument("--check", action="store_true",
+                     help="open the window, print what it shows as JSON, and quit")
 
     model = sub.add_parser("model", help="base models").add_subparsers(
         dest="action", required=True, parser_class=_Parser)
@@ -165,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         command = args.command or "gui"
         if command == "gui":
-            return importlib.import_module("gui.app").main([])
+            return importlib.import_module("gui.app").main(
+                getattr(args, "file", None), getattr(args, "check", False))
         catalog = Catalog()
         try:
             catalog.ensure_initialized(demo=True)

@@ -22,10 +22,12 @@ import llama_cpp
 import numpy as np
 
 from engine.errors import Cancelled, EngineError, RefusedError
+from engine.safeio import printable
 from engine.spec import AdapterFile
 
 _log_lines: deque[str] = deque(maxlen=500)
 _log_partial = [""]
+_log_count = [0]  # lines ever logged (the ring buffer keeps the last 500)
 _log_lock = threading.Lock()
 _log_callback = None
 _initialised = False
@@ -45,7 +47,9 @@ def init_runtime() -> None:
         with _log_lock:
             chunk = _log_partial[0] + text.decode("utf-8", "replace")
             *lines, _log_partial[0] = chunk.split("\n")
-            _log_lines.extend(line for line in lines if line.strip())
+            kept = [line for line in lines if line.strip()]
+            _log_lines.extend(kept)
+            _log_count[0] += len(kept)
 
     _log_callback = on_log  # keep a reference: llama.cpp holds only the pointer
     llama_cpp.llama_log_set(on_log, None)
@@ -56,6 +60,19 @@ def init_runtime() -> None:
 def recent_log(count: int = 12) -> tuple[str, ...]:
     with _log_lock:
         return tuple(list(_log_lines)[-count:])
+
+
+def log_mark() -> int:
+    """A position in llama.cpp's log, for `log_since`."""
+    with _log_lock:
+        return _log_count[0]
+
+
+def log_since(mark: int) -> list[str]:
+    """The log lines written after `mark` (those still in the ring buffer)."""
+    with _log_lock:
+        new = _log_count[0] - mark
+        return list(_log_lines)[-new:] if new > 0 else []
 
 
 class LlamaModel:
@@ -127,10 +144,15 @@ class LlamaModel:
     def acquire_adapter(self, adapter: AdapterFile) -> ctypes.c_void_p:
         """Load an adapter (once per digest) and count a user of it."""
         if adapter.sha256 not in self.adapters:
+            mark = log_mark()
             ptr = llama_cpp.llama_adapter_lora_init(self.ptr, adapter.path.encode())
             if not ptr:  # a NULL pointer, never None
-                raise EngineError(f"llama.cpp rejected adapter {adapter.name}",
-                                  details=recent_log())
+                # llama.cpp only logs why: put its words into the one-line reason.
+                said = log_since(mark)
+                last = said[-1].split(": ", 1)[-1] if said else "no reason logged"
+                reason = printable(last.strip(), 300)
+                raise RefusedError(f"llama.cpp rejected adapter {adapter.name}: {reason}",
+                                   details=tuple(said[-12:]))
             self.adapters[adapter.sha256] = ptr
             self.adapter_users[adapter.sha256] = 0
         self.adapter_users[adapter.sha256] += 1

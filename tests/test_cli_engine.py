@@ -44,3 +44,25 @@ def test_generate_refuses_bad_sampling_and_compare_needs_a_variant(
     assert code == 2 and "temperature" in capsys.readouterr().err
     code = cli.main(["compare", BASE, "--prompt", "x", "--max-tokens", "2"])
     assert code == 3 and "compare needs a variant" in capsys.readouterr().err
+
+
+def test_sampling_and_system_flags_reach_the_engine(studio_home: Path,
+                                                   capsys: pytest.CaptureFixture) -> None:
+    def gen(*flags: str) -> dict:
+        assert cli.main(["generate", BASE, "--prompt", "Name a colour.", "--chat",
+                         "--max-tokens", "10", "--json", *flags]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    sampled = ["--temperature", "1.2", "--top-p", "0.95", "--top-k", "40"]
+    first = gen(*sampled, "--seed", "11")
+    assert gen(*sampled, "--seed", "11")["token_ids"] == first["token_ids"]
+    seeds = {tuple(gen(*sampled, "--seed", str(s))["token_ids"]) for s in (1, 2, 3)}
+    assert len(seeds | {tuple(first["token_ids"])}) > 1, "the seed changed nothing"
+    # top-k 1 is greedy whatever the temperature and seed.
+    greedy = gen("--temperature", "0")
+    assert gen("--temperature", "1.5", "--top-k", "1", "--seed", "5")["token_ids"] == \
+        greedy["token_ids"]
+    # The system prompt replaces the template's default one in the rendered prompt.
+    pirate = gen("--temperature", "0", "--system", "You are a pirate. Always say Arr.")
+    assert pirate["prompt_tokens"] != greedy["prompt_tokens"]
+    assert pirate["token_ids"] != greedy["token_ids"]

@@ -203,3 +203,35 @@ def test_kv_cache_grows_with_the_request_and_never_changes_results(world) -> Non
     again = generate(client, catalog, "va", max_tokens=24)
     assert again["token_ids"] == small["token_ids"]
     assert again["logprobs"] == small["logprobs"]  # exact, not approximately
+
+
+def test_eos_ends_a_generation_before_max_tokens(world) -> None:
+    catalog, client = world
+    prompt = {"text": "Reply with one word: yes or no. Is water wet?", "chat": True}
+    result = generate(client, catalog, BASE, prompt=prompt, max_tokens=64)
+    assert result["finish_reason"] == "eos"
+    assert 0 < len(result["token_ids"]) < 64 and result["text"].strip()
+    assert "<|im_end|>" not in result["text"]
+
+
+def test_llama_cpp_rejection_is_a_refusal_that_says_why(tmp_path: Path, embedded_path: Path
+                                                         ) -> None:
+    """Python validation refuses these first; if a file ever reaches llama.cpp and it
+    says no, the user still gets llama.cpp's reason (it only logs it)."""
+    from engine.llama_backend import LlamaModel
+    from engine.spec import AdapterFile
+
+    model = LlamaModel(str(embedded_path), "test")
+    try:
+        junk = tmp_path / "junk.gguf"
+        junk.write_bytes(b"GGUF" + bytes(range(256)))
+        cases = {junk: "failed to load lora adapter",
+                 embedded_path: "expect general.type to be 'adapter'"}
+        for path, reason in cases.items():
+            with pytest.raises(RefusedError) as caught:
+                model.acquire_adapter(AdapterFile("x", str(path), f"sha-{path}", 1.0))
+            assert reason in caught.value.message and caught.value.details
+            assert caught.value.exit_code == 3
+        assert model.adapters == {}
+    finally:
+        model.close()
