@@ -564,6 +564,9 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
 
     if not torch_available():
         raise RefusedError(ENABLE_HINT)
+    if args.dpo_beta is not None and not args.dpo:
+        raise UsageError("--dpo-beta is the preference-training strength: add --dpo "
+                         "(supervised training has no beta)")
     settings: dict[str, Any] = {}
     for key in ("steps", "rank", "alpha", "lr", "targets", "seq_len", "batch", "seed",
                 "save_every", "dpo_beta", "threads"):
@@ -584,6 +587,10 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
         kind = event.get("event")
         if kind == "warning":
             print(f"warning: {event['message']}", file=sys.stderr)
+        elif kind == "stopped":  # with --json too: the only way to learn the checkpoint
+            if event.get("checkpoint"):
+                print(f"stopped at step {event['step']}; resume with --resume "
+                      f"{event['checkpoint']}", file=sys.stderr)
         elif quiet:
             return
         elif kind == "stage":
@@ -602,9 +609,6 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
                   f"eta {event['eta']:.0f} s)", file=sys.stderr)
         elif kind == "checkpoint":
             print(f"checkpoint at step {event['step']}: {event['path']}", file=sys.stderr)
-        elif kind == "stopped" and event.get("checkpoint"):
-            print(f"stopped at step {event['step']}; resume with --resume "
-                  f"{event['checkpoint']}", file=sys.stderr)
 
     job = TrainingJob(prepared.request, on_event).start()
     try:

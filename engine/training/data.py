@@ -359,5 +359,5 @@ def warnings_for(examples: list[Example], steps: int, batch: int, seq_len: int) 
     negative = sum(e.weight < 0 for e in examples)
     if negative:
         out.append(f"{negative} example{'s have' if negative != 1 else ' has'} a negative "
-                   "weight: their likelihood is pushed down")
+                   f"weight: {'their' if negative != 1 else 'its'} likelihood is pushed down")
     return out

@@ -101,7 +101,12 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
             raise RefusedError(f"{request.init_adapter} belongs to base {init['base']}, "
                                f"not {request.base}")
         meta = init["metadata"]
-        inherited = {"rank": meta.get("rank"), "alpha": meta.get("alpha"),
+        rank, alpha = meta.get("rank"), meta.get("alpha")
+        if not alpha and rank:
+            # An adapter without alpha (absent or 0) is applied by llama.cpp at scale 1,
+            # which is alpha = rank: continue it at that scale, not refuse it.
+            alpha = float(rank)
+        inherited = {"rank": rank, "alpha": alpha,
                      "targets": list(meta.get("targets") or [])}
         for key, value in inherited.items():
             if key in settings and _normal(key, settings[key]) != _normal(key, value):
