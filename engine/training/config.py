@@ -15,10 +15,14 @@ from engine import naming
 from engine.errors import UsageError
 
 DEFAULT_TARGETS = ("attn_q", "attn_v")
-# Pinned so that the numbers do not depend on which vector unit a CPU offers:
-# PyTorch's own kernels use AVX2 code, MKL its AVX2 code path (conditional numerical
-# reproducibility). Recorded in every provenance record.
-DETERMINISM_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}
+# Pinned so that the numbers do not depend on which CPU runs them: PyTorch's own
+# kernels use their AVX2 code; MKL (PyTorch's matrix products) its COMPATIBLE branch,
+# the one MKL documents as giving the same results on Intel and non-Intel CPUs (its
+# AVX2 branch exists only on Intel: on AMD MKL silently uses its own dispatch, and an
+# adapter trained on an Intel Xeon came out with other bytes on an AMD EPYC); fixed
+# thread counts (no dynamic adjustment). Recorded in every provenance record.
+DETERMINISM_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE",
+                   "MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE"}
 
 
 @dataclass(frozen=True)
