@@ -255,7 +255,8 @@ def command_uses_openvino_default(catalog: Catalog, args: argparse.Namespace) ->
     if command == "model":
         return action == "openvino-default"
     named = {getattr(args, "name", None), getattr(args, "base", None)}
-    if openvino_default.NAME in named and command in ("generate", "compare", "parity", "show",
+    # `show` is not here: it explains the default before its first use, without building.
+    if openvino_default.NAME in named and command in ("generate", "compare", "parity",
                                                       "adapter", "variant"):
         return True
     wants = getattr(args, "backend", None) == "openvino" or command == "parity" or (
@@ -334,6 +335,8 @@ def cmd_variant(catalog: Catalog, args: argparse.Namespace) -> int:
 
 
 def cmd_list(catalog: Catalog, args: argparse.Namespace) -> int:
+    from engine import openvino_default
+
     entries = entries_mod.list_entries(catalog)
     if args.json:
         _emit_json(entries)
@@ -341,6 +344,10 @@ def cmd_list(catalog: Catalog, args: argparse.Namespace) -> int:
     print("Base models")
     for m in entries["models"]:
         flag = "curated" if m["curated"] else "user"
+        if not m.get("built", True):  # the OpenVINO default before its first use
+            print(f"  {m['name']:<32} {m['backend']:<9} {flag:<8} {m['summary']} (or "
+                  f"`{openvino_default.BUILD_COMMAND}`)")
+            continue
         problem = f"  ✗ {m['problem']}" if m["problem"] else ""
         print(f"  {m['name']:<32} {m['backend']:<9} {flag:<8} {m['sha256'][:12]}{problem}")
     print("Adapters")
@@ -363,8 +370,12 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
     print(f"{entry['kind']} {entry['name']}")
     skip = {"name", "kind", "checks", "metadata", "identity_detail", "provenance", "profile",
             "files", "backends"}
+    pending = entry.get("built") is False
+    if pending:  # the OpenVINO default before its first use: say how it gets built
+        print(f"  not built yet: {entry['how']}")
+        skip |= {"built", "how", "summary", "status", "problem", "cached"}
     for key, value in entry.items():
-        if key in skip:
+        if key in skip or (pending and value is None):
             continue
         if key == "adapters":
             for a in value:
@@ -374,6 +385,8 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
     for backend, item in entry.get("files", {}).items():
         print(f"  file for {backend}: {item['format']} sha256 {item['sha256']} (base "
               f"{item['base']}; {ICONS.get(item['status'], '?')} {item['reason']})")
+        if item.get("cross_check"):
+            print(f"    {entries_mod.cross_check_line(item['cross_check'])}")
     for backend, item in entry.get("backends", {}).items():
         if item["available"]:
             print(f"  on {backend}: base {item['base']}, identity {item['identity'][:12]}, "
@@ -652,6 +665,10 @@ def cmd_parity(catalog: Catalog, args: argparse.Namespace) -> int:
     result = _run_engine("cross_check", {"first": first.to_dict(), "second": second.to_dict(),
                                          "prompts": prompts, "tokens": args.tokens,
                                          "genai": bool(args.genai)})
+    # The adapters' own `show` reports keep what this run found (OpenVINO's warnings
+    # included), so they are not lost once this output scrolls away.
+    result["recorded_for"] = entries_mod.record_cross_check(
+        catalog, second.adapters, "openvino", entries_mod.cross_check_summary(args.name, result))
     if args.json:
         _emit_json(result)
         return 0
@@ -668,9 +685,15 @@ def cmd_parity(catalog: Catalog, args: argparse.Namespace) -> int:
     if "genai" in result:
         genai = result["genai"]
         print(f"OpenVINO GenAI ({genai['mode']}): greedy tokens agreeing with ours "
-              f"{genai['agreeing_tokens']}; unused LoRA tensors: {len(genai['unused_tensors'])}")
-        for line in genai["warnings"][:10]:
-            print(f"  stderr: {line}")
+              f"{genai['agreeing_tokens']}")
+    warnings, unused = result["openvino_warnings"], result["unused_lora_tensors"]
+    print(f"OpenVINO warnings on stderr: {len(warnings) or 'none'}; unused LoRA tensors: "
+          f"{len(unused) or 'none'}")
+    limit = 20  # the JSON has every line
+    for line in warnings[:limit]:
+        print(f"  stderr: {line}")
+    if len(warnings) > limit:
+        print(f"  … {len(warnings) - limit} more lines (--json lists them all)")
     return 0
 
 

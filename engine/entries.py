@@ -6,21 +6,33 @@ same dicts, so both surfaces always show the same provenance, checks and identit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from engine import catalog as catalog_mod
-from engine import validation
+from engine import openvino_default, validation
 from engine.catalog import Catalog
-from engine.errors import StudioError
+from engine.errors import StudioError, UnknownNameError
+from engine.spec import AdapterFile
 
 
 def list_entries(catalog: Catalog) -> dict[str, list[dict[str, Any]]]:
+    """Every catalog entry, plus the OpenVINO default while it is not built yet.
+
+    Models carry `built`: True for catalog records; the OpenVINO default that a fresh
+    catalog can build on first use is listed with `built: False` (see
+    `openvino_default.pending_entry`), so it is visible before anything needed it.
+    """
     data = catalog.data()
     models = []
     for record in data["models"].values():
         status = catalog.verify_base(record["name"])
-        models.append({**_public(record), "status": "ok" if status.ok else "changed",
+        models.append({**_public(record), "built": True,
+                       "status": "ok" if status.ok else "changed",
                        "problem": None if status.ok else status.detail})
+    pending = openvino_default.pending_entry(catalog)
+    if pending is not None:
+        models.append(pending)
     adapters = [_public(r) for r in data["adapters"].values()]
     variants = [variant_entry(catalog, r) for r in data["variants"].values()]
     return {"models": models, "adapters": adapters, "variants": variants}
@@ -51,7 +63,16 @@ def variant_entry(catalog: Catalog, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def show_entry(catalog: Catalog, name: str) -> dict[str, Any]:
-    kind, record = catalog.find(name)
+    try:
+        kind, record = catalog.find(name)
+    except UnknownNameError:
+        # The OpenVINO default before its first use: explained, not built (showing
+        # something must never start a 30 s build).
+        pending = (openvino_default.pending_show_entry(catalog)
+                   if name == openvino_default.NAME else None)
+        if pending is None:
+            raise
+        return pending
     if kind == "model":
         status = catalog.verify_base(name)
         out = {**_public(record), "metadata": record["metadata"],
@@ -72,6 +93,13 @@ def show_entry(catalog: Catalog, name: str) -> dict[str, Any]:
         if "provenance" in record:
             out["provenance"] = record["provenance"]
         out["files"] = adapter_files(catalog, name)
+        for backend, item in out["files"].items():
+            if item.get("cross_check"):  # the last parity run's findings, warnings included
+                found = item["cross_check"]
+                status = "warn" if found["openvino_warnings"] or found[
+                    "unused_lora_tensors"] else "pass"
+                out["checks"].append({"name": f"cross-check ({backend})", "status": status,
+                                      "detail": cross_check_line(found)})
     else:
         out = variant_entry(catalog, record)
         checks = []
@@ -105,8 +133,72 @@ def adapter_files(catalog: Catalog, name: str) -> dict[str, dict[str, Any]]:
                           "sha256": entry["sha256"], "config_sha256": entry.get("config_sha256"),
                           "base": entry["base"], "source": entry.get("source"),
                           "primary": backend == record["backend"], "status": report.status,
-                          "reason": report.reason()}
+                          "reason": report.reason(), "cross_check": entry.get("cross_check")}
     return files
+
+
+# At most this many stderr lines are kept in a catalog record (`parity --json` has all).
+CROSS_CHECK_LINES = 50
+
+
+def cross_check_summary(name: str, result: dict[str, Any]) -> dict[str, Any]:
+    """What an adapter's record keeps of a `parity` run (engine `cross_check` result)."""
+    genai = result.get("genai")
+    warnings = result["openvino_warnings"]
+    return {
+        "at": catalog_mod.now_iso(), "via": name, "tokens": result["tokens"],
+        "prompts": len(result["prompts"]), "max_kl": result["max_kl"],
+        "mean_kl": result["mean_kl"], "top1_agreement": result["top1_agreement"],
+        "first_token_agreement": result["first_token_agreement"],
+        "genai": genai is not None,
+        "genai_agreeing_tokens": genai["agreeing_tokens"] if genai else None,
+        "openvino_warnings": warnings[:CROSS_CHECK_LINES],
+        "openvino_warning_count": len(warnings),
+        "unused_lora_tensors": result["unused_lora_tensors"],
+    }
+
+
+def record_cross_check(catalog: Catalog, adapters: Sequence[AdapterFile], backend: str,
+                       summary: dict[str, Any]) -> list[str]:
+    """Keep a parity run's findings on the `backend` file of each adapter it ran.
+
+    `adapters` are the session spec's adapter files (name, sha256). Only a file whose
+    digest is still the one that ran gets the summary (as `cross_check`), so a record
+    never describes other bytes. Returns the names of the adapters recorded.
+    """
+    recorded: list[str] = []
+
+    def note(data: dict) -> dict:
+        recorded.clear()  # in case the update is applied more than once
+        for adapter in adapters:
+            record = data["adapters"].get(adapter.name)
+            if record is None:
+                continue
+            entry = (record if record["backend"] == backend
+                     else record.get("files", {}).get(backend))
+            if entry is not None and entry.get("sha256") == adapter.sha256:
+                entry["cross_check"] = summary
+                recorded.append(adapter.name)
+        return data
+
+    if adapters:
+        catalog.state.update(note)
+    return recorded
+
+
+def cross_check_line(found: dict[str, Any]) -> str:
+    """One readable line for a recorded cross-check (see `cross_check_summary`)."""
+    how = "parity --genai" if found.get("genai") else "parity"
+    unused = found["unused_lora_tensors"]
+    count = found.get("openvino_warning_count", len(found["openvino_warnings"]))
+    text = (f"{how} {found['via']} ({found['at']}): KL max {found['max_kl']:.4f} nats, "
+            f"top-1 {found['top1_agreement']:.2f}; OpenVINO warnings: {count or 'none'}; "
+            f"unused LoRA tensors: {len(unused) or 'none'}")
+    if found.get("genai_agreeing_tokens") is not None:
+        text += f"; GenAI greedy agreement {found['genai_agreeing_tokens']}"
+    if unused:
+        text += " (" + ", ".join(unused[:4]) + (", …" if len(unused) > 4 else "") + ")"
+    return text
 
 
 def variant_backends(catalog: Catalog, name: str) -> dict[str, dict[str, Any]]:
@@ -118,13 +210,38 @@ def variant_backends(catalog: Catalog, name: str) -> dict[str, dict[str, Any]]:
             base = catalog.serving_base(name, backend)
             ident = catalog.identity(name, backend=backend)
         except StudioError as exc:
-            out[backend] = {"available": False, "reason": exc.message}
+            out[backend] = {"available": False, "reason": _unavailable_reason(
+                catalog, record, backend, exc.message)}
             continue
         out[backend] = {"available": True, "base": base, "identity": ident.key,
                         "adapters": [{"name": a["name"], "scale": a["scale"],
                                       "sha256": catalog.adapter_file(a["name"], backend)["sha256"]}
                                      for a in record["adapters"]]}
     return out
+
+
+def _unavailable_reason(catalog: Catalog, variant: dict[str, Any], backend: str,
+                        reason: str) -> str:
+    """Why a variant cannot run on `backend`; when that is only because the OpenVINO
+    default has not been built yet, say how it gets built and what else is missing."""
+    pending = openvino_default.pending_entry(catalog) if backend == "openvino" else None
+    if pending is None or pending["counterparts"].get("llama") != variant["base"]:
+        return reason
+    from engine.training import demo
+
+    missing = []
+    for a in variant["adapters"]:
+        try:
+            record = catalog.adapter(a["name"])
+        except StudioError:
+            return reason  # a broken variant: its own reason says what is wrong
+        # The curated demo adapter gets its OpenVINO file when the default is built.
+        if "openvino" not in record.get("files", {}) and record.get("backend") != "openvino" \
+                and not (a["name"] == demo.ADAPTER_NAME and record.get("curated")):
+            missing.append(a["name"])
+    then = "".join(f"; then adapter {name} needs an OpenVINO file (`variant-studio adapter "
+                   f"convert {name}`)" for name in missing)
+    return f"its OpenVINO base {pending['name']} is not built yet: {pending['how']}{then}"
 
 
 def provenance_lines(record: dict[str, Any]) -> list[str]:

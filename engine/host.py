@@ -156,14 +156,22 @@ class Host:
             tokens = int(p.get("tokens", 8))
             if not 1 <= tokens <= 256:
                 raise RefusedError("cross_check decodes 1 to 256 tokens per prompt")
-            result = self.manager().cross_check(first, second, prompts, tokens, cancelled)
-            if p.get("genai"):
-                from engine import openvino_genai_check
+            from engine import openvino_genai_check as ov_check
 
-                which = "second" if second.backend == "openvino" else "first"
-                result["genai"] = openvino_genai_check.run(
-                    second if which == "second" else first,
-                    [r[which] for r in result["prompts"]], prompts, self.manager(), cancelled)
+            # Everything printed on stderr meanwhile (OpenVINO's own LoRA warnings
+            # among it) goes into the report, as well as to the engine's log.
+            stderr: list[str] = []
+            with ov_check.captured_stderr(stderr):
+                result = self.manager().cross_check(first, second, prompts, tokens,
+                                                    cancelled)
+                if p.get("genai"):
+                    which = "second" if second.backend == "openvino" else "first"
+                    result["genai"] = ov_check.run(
+                        second if which == "second" else first,
+                        [r[which] for r in result["prompts"]], prompts, self.manager(),
+                        cancelled)
+            result["openvino_warnings"] = ov_check.openvino_warnings(stderr)
+            result["unused_lora_tensors"] = ov_check.unused_tensors(stderr)
             return result
         if request.op == "build_openvino_default":
             from engine import openvino_default

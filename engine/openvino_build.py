@@ -73,11 +73,12 @@ def openvino_version() -> str:
         return "missing"
 
 
-def cache_root() -> Path:
-    """The OpenVINO build cache (created if missing)."""
+def cache_root(create: bool = True) -> Path:
+    """The OpenVINO build cache (created if missing, unless `create` is false)."""
     override = os.environ.get(CACHE_ENV)
     root = Path(override) if override else paths.cache_dir() / "openvino"
-    root.mkdir(parents=True, exist_ok=True)
+    if create:
+        root.mkdir(parents=True, exist_ok=True)
     return root
 
 
@@ -122,8 +123,11 @@ class BuildResult:
 
 
 def cached_build(source_sha256: str) -> BuildResult | None:
-    """A finished build of this source in the cache, or None (no OpenVINO needed)."""
-    folder = cache_root() / build_key(source_sha256)
+    """A finished build of this source in the cache, or None (no OpenVINO needed).
+
+    Only reads: listing a fresh catalog asks this and must leave the disk as it was.
+    """
+    folder = cache_root(create=False) / build_key(source_sha256)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         result = BuildResult.from_dict(manifest)

@@ -16,8 +16,10 @@ coverage) when their session opened, before OpenVINO reads them here.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
-import tempfile
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -31,21 +33,62 @@ UNUSED_MARK = "Unused LoRA tensor:"
 
 @contextlib.contextmanager
 def captured_stderr(lines: list[str]) -> Iterator[None]:
-    """Collect what native code writes to fd 2; copy it back to stderr afterwards."""
+    """Collect what anything in this process writes to fd 2, passing it through live.
+
+    fd 2 becomes a pipe; a thread copies every chunk to the real stderr as it arrives
+    (so the engine's log, and the tail a crash report shows, lose nothing even if
+    native code aborts meanwhile) and keeps it. The lines are added to `lines` when
+    the block ends. Nesting works: an inner capture's pass-through feeds the outer one.
+    """
+    sys.stderr.flush()
     saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
+    read_fd, write_fd = os.pipe()
+    with contextlib.suppress(OSError, AttributeError):
+        # Room for a burst written by native code that holds the GIL (the pump
+        # needs the GIL to drain the pipe): 1 MiB instead of 64 KiB.
+        fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+    chunks: list[bytes] = []
+
+    def pump() -> None:
+        while data := os.read(read_fd, 1 << 16):
+            chunks.append(data)
+            view = memoryview(data)
+            while view:
+                try:
+                    view = view[os.write(saved, view):]
+                except OSError:
+                    break
+
+    thread = threading.Thread(target=pump, name="stderr-capture", daemon=True)
+    thread.start()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last writer is gone: the pump reads to the end
+        thread.join(timeout=30)
+        if not thread.is_alive():  # else a stray writer (a child?) still holds the pipe
+            os.close(read_fd)
             os.close(saved)
-            sink.seek(0)
-            data = sink.read()
-            if data:
-                os.write(2, data)
-            lines.extend(line for line in data.decode("utf-8", "replace").splitlines()
-                         if line.strip())
+        text = b"".join(chunks).decode("utf-8", "replace")
+        lines.extend(line for line in text.splitlines() if line.strip())
+
+
+def openvino_warnings(lines: list[str]) -> list[str]:
+    """OpenVINO's warning lines ("[ WARNING ] ...", "Unused LoRA tensor: ...").
+
+    Its format, not any line mentioning a warning: llama.cpp logs to the same stderr.
+    """
+    return [line for line in lines if "[ WARNING" in line or UNUSED_MARK in line]
+
+
+def unused_tensors(lines: list[str]) -> list[str]:
+    """The layer keys OpenVINO says it left unused (each once, in order)."""
+    # OpenVINO may print the same warning more than once (once per getter copy).
+    return list(dict.fromkeys(line.split(UNUSED_MARK, 1)[1].strip()
+                              for line in lines if UNUSED_MARK in line))
 
 
 def run(spec: SessionSpec, continuations: list[list[int]], prompts: list[Any],
@@ -87,9 +130,7 @@ def run(spec: SessionSpec, continuations: list[list[int]], prompts: list[Any],
         except RuntimeError as exc:
             raise EngineError("OpenVINO GenAI failed on this adapter set",
                               details=(str(exc).strip()[-400:],)) from None
-    # OpenVINO may print the same warning more than once (once per getter copy).
-    unused = list(dict.fromkeys(line.split(UNUSED_MARK, 1)[1].strip()
-                                for line in stderr if UNUSED_MARK in line))
+    unused = unused_tensors(stderr)
     agreeing = []
     for ours, theirs in zip(continuations, outputs, strict=True):
         n = 0

@@ -38,7 +38,10 @@ def test_fresh_home_lists_the_embedded_base_through_the_console_script(
                          capture_output=True, text=True, check=True, env=os.environ.copy())
     listing = json.loads(out.stdout)
     assert set(listing) == {"models", "adapters", "variants"}
-    (model,) = listing["models"]
+    (model,) = [m for m in listing["models"] if m["built"]]
+    # The OpenVINO default is shown as available, not built (nothing was built).
+    assert [m["name"] for m in listing["models"] if not m["built"]] == [
+        "smollm2-135m-instruct-openvino"]
     import hashlib
     assert model["name"] == BASE and model["curated"] is True and model["backend"] == "llama"
     assert model["sha256"] == hashlib.sha256(embedded_path.read_bytes()).hexdigest()

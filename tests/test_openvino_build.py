@@ -62,11 +62,24 @@ def test_first_use_adds_the_curated_default_with_its_recipe(
         capsys: pytest.CaptureFixture) -> None:
     first_build(tmp_path_factory)
     assert cli.main(["list", "--json"]) == 0
-    names = [m["name"] for m in json.loads(capsys.readouterr().out)["models"]]
-    assert names == [DEFAULT_MODEL_NAME]  # not listed before anything asked for it
+    models = json.loads(capsys.readouterr().out)["models"]
+    # Listed before anything asked for it, as available but not built (nothing is
+    # registered: catalog.json holds only real records).
+    assert [(m["name"], m["built"]) for m in models] == [
+        (DEFAULT_MODEL_NAME, True), (openvino_default.NAME, False)]
+    pending = models[1]
+    assert (pending["sha256"], pending["path"], pending["status"]) == (None, None, "not built")
+    assert pending["cached"] is True  # the session's build is in the cache: added instantly
+    assert "model openvino-default" in pending["how"]
+    assert not openvino_default.is_registered(Catalog())
     assert cli.main(["model", "openvino-default"]) == 0
     out = capsys.readouterr()
     assert "210 layers named by structure" in out.out
+    assert cli.main(["list", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)["models"]
+    assert [(m["name"], m["built"]) for m in models] == [
+        (DEFAULT_MODEL_NAME, True), (openvino_default.NAME, True)]
+    assert models[1]["sha256"] == Catalog().model(openvino_default.NAME)["sha256"]
     assert cli.main(["show", openvino_default.NAME, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["backend"] == "openvino" and shown["format"] == "openvino"
@@ -80,17 +93,48 @@ def test_first_use_adds_the_curated_default_with_its_recipe(
 
 
 def test_listing_a_fresh_catalog_never_touches_openvino(tmp_path: Path) -> None:
+    """A fresh catalog shows the OpenVINO default as not built, instantly: `list` and
+    `show` import no OpenVINO module and build nothing."""
     env = dict(os.environ, VARIANT_STUDIO_HOME=str(tmp_path / "home"),
                VARIANT_STUDIO_OPENVINO_CACHE=str(tmp_path / "cache"))
-    code = ("import json, sys; from engine import cli; code = cli.main(['list', '--json']); "
-            "print(json.dumps({'code': code, 'openvino': "
+    code = ("import json, sys; from engine import cli; "
+            "codes = [cli.main(['list', '--json']), "
+            f"cli.main(['show', '{openvino_default.NAME}', '--json']), "
+            f"cli.main(['show', '{openvino_default.NAME}']), "
+            "cli.main(['show', 'tool-calls', '--json'])]; "
+            "print(json.dumps({'codes': codes, 'openvino': "
             "any(m.startswith('openvino') for m in sys.modules)}), file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, check=True)
     report = json.loads(out.stderr.strip().splitlines()[-1])
-    assert report == {"code": 0, "openvino": False}
-    assert [m["name"] for m in json.loads(out.stdout)["models"]] == [DEFAULT_MODEL_NAME]
+    assert report == {"codes": [0, 0, 0, 0], "openvino": False}
+    decoder = json.JSONDecoder()
+    listed, end = decoder.raw_decode(out.stdout)
+    rest = out.stdout[end:].lstrip()
+    shown, end = decoder.raw_decode(rest)
+    rest = rest[end:]
+    text, brace = rest[:rest.index("\n{")], rest.index("\n{")
+    variant = json.loads(rest[brace:])
+    models = listed["models"]
+    assert [(m["name"], m["built"]) for m in models] == [
+        (DEFAULT_MODEL_NAME, True), (openvino_default.NAME, False)]
+    pending = models[1]
+    assert pending["backend"] == "openvino" and pending["curated"] is True
+    assert (pending["sha256"], pending["path"], pending["cached"]) == (None, None, False)
+    assert "built on first use (about 30 s" in pending["how"]
+    assert pending["counterparts"] == {"llama": DEFAULT_MODEL_NAME}
+    assert shown["built"] is False and shown["identity"] is None
+    assert [(c["name"], c["status"]) for c in shown["checks"]] == [
+        ("built", "warn"), ("source", "pass")]
+    assert "not built yet: built on first use" in text and "None" not in text
+    # The demo variant says why it is not on OpenVINO yet, and how that changes.
+    reason = variant["backends"]["openvino"]["reason"]
+    assert variant["backends"]["openvino"]["available"] is False
+    assert reason.startswith(f"its OpenVINO base {openvino_default.NAME} is not built yet")
+    assert "needs an OpenVINO file" not in reason  # the demo adapter gets one at the build
     assert not any((tmp_path / "cache").glob("*"))  # nothing was built
+    catalog_json = json.loads((tmp_path / "home" / "catalog.json").read_text())
+    assert openvino_default.NAME not in catalog_json["models"]  # no half-record
 
 
 def test_layer_names_come_from_structure_not_names_or_positions(

@@ -122,10 +122,34 @@ def parity_world(tmp_path_factory: pytest.TempPathFactory, base_info) -> Any:
     lora_io.write_peft(tmp / "raw", lora_io.read_gguf(source))
     catalog.add_adapter_file("raw", OV, tmp / "raw")
     catalog.add_variant("vraw", DEFAULT_MODEL_NAME, [AdapterSpec("raw", 1.0)])
+    # An OpenVINO file with two tensors for a layer the model lacks (layer 99): our
+    # coverage check warns and accepts it; OpenVINO GenAI prints its own warnings.
+    catalog.add_adapter("extra", DEFAULT_MODEL_NAME, source)
+    catalog.add_adapter_file("extra", OV, with_unknown_layer(tmp / "extra", source, base_info))
+    catalog.add_variant("vextra", DEFAULT_MODEL_NAME, [AdapterSpec("extra", 1.0)])
     client = EngineClient()
     yield catalog, client
     client.close()
     home.restore()
+
+
+UNKNOWN_LAYER = [f"base_model.model.model.layers.99.self_attn.{r}" for r in ("q_proj", "v_proj")]
+
+
+def with_unknown_layer(folder: Path, source: Path, base_info) -> Path:
+    """`source` converted to PEFT, plus q/v tensors for a layer 99 the model does not have."""
+    from safetensors.numpy import load_file, save_file
+
+    lora_io.write_peft(folder, lora_io.gguf_to_peft(lora_io.read_gguf(source),
+                                                   base_info.head_count, base_info.head_count_kv))
+    weights = folder / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    rng = np.random.default_rng(9)
+    for key, out_f in zip(UNKNOWN_LAYER, (576, 192), strict=True):
+        tensors[f"{key}.lora_A.weight"] = rng.normal(0, 0.05, (8, 576)).astype(np.float32)
+        tensors[f"{key}.lora_B.weight"] = rng.normal(0, 0.05, (out_f, 8)).astype(np.float32)
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    return folder
 
 
 def cross(catalog: Catalog, client: EngineClient, first: str, second: str,
@@ -157,3 +181,83 @@ def test_converted_adapter_behaves_on_openvino_as_the_original_on_llama_cpp(
         "second": resolve(catalog, "f16").to_dict(), "prompts": PROMPTS[:2], "tokens": 4},
         timeout=1200)
     assert plain["max_kl"] >= 0.05
+
+
+PARITY_PROMPT = "What is the capital of France?"
+
+
+def parity_json(capsys: pytest.CaptureFixture, *args: str) -> dict[str, Any]:
+    """`variant-studio parity ... --json` (a fresh engine process, as for a user)."""
+    capsys.readouterr()
+    assert cli.main(["parity", *args, "--tokens", "4", "--prompt", PARITY_PROMPT,
+                     "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def parity_text(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
+                result: dict[str, Any], *args: str) -> str:
+    """The text report for an engine result already measured (no second engine run)."""
+    monkeypatch.setattr(cli, "_run_engine", lambda op, params, on_event=None: {
+        k: v for k, v in result.items() if k != "recorded_for"})
+    capsys.readouterr()
+    assert cli.main(["parity", *args, "--tokens", "4", "--prompt", PARITY_PROMPT]) == 0
+    monkeypatch.undo()
+    return capsys.readouterr().out
+
+
+def test_parity_command_reports_kl_agreement_backends_and_no_openvino_warning(
+        parity_world, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    catalog, _ = parity_world
+    for genai in (False, True):
+        result = parity_json(capsys, "vs", *(["--genai"] if genai else []))
+        assert (result["first"]["backend"], result["second"]["backend"]) == ("llama",
+                                                                             "openvino")
+        assert result["first"]["name"] == result["second"]["name"] == "vs"
+        assert result["second"]["identity"] == catalog.identity("vs", backend="openvino").key
+        (row,) = result["prompts"]
+        assert row["same_token_ids"] and len(row["kl"]) == len(row["first"]) == 4
+        # The curated defaults' tolerance (docs/formats.md, "Parity").
+        assert result["max_kl"] <= 0.05 and result["mean_kl"] <= 0.01, result["max_kl"]
+        assert result["first_token_agreement"] == 1.0 and row["agreeing_tokens"] >= 1
+        # Captured, and empty: every tensor of this adapter attaches.
+        assert result["openvino_warnings"] == [] and result["unused_lora_tensors"] == []
+        assert result["recorded_for"] == ["style"]
+        assert ("genai" in result) is genai
+    genai_report = result["genai"]
+    assert genai_report["mode"] == "MODE_DYNAMIC" and genai_report["unused_tensors"] == []
+    assert genai_report["warnings"] == []
+    assert genai_report["agreeing_tokens"][0] >= 3, genai_report  # GenAI's LoRA agrees
+    text = parity_text(capsys, monkeypatch, result, "vs", "--genai")
+    assert "vs: llama [" in text and "vs openvino [" in text
+    assert "OpenVINO warnings on stderr: none; unused LoRA tensors: none" in text
+    # The adapter's own report keeps the latest run.
+    assert cli.main(["show", "style", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    found = shown["files"]["openvino"]["cross_check"]
+    assert found["via"] == "vs" and found["genai"] is True
+    assert found["openvino_warnings"] == [] and found["unused_lora_tensors"] == []
+    assert found["max_kl"] == result["max_kl"]
+    assert {"name": "cross-check (openvino)", "status": "pass"}.items() <= next(
+        c for c in shown["checks"] if c["name"] == "cross-check (openvino)").items()
+    assert shown["files"]["llama"]["cross_check"] is None  # nothing checked it there
+
+
+def test_openvino_warnings_reach_the_parity_report_and_the_adapters_show(
+        parity_world, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = parity_json(capsys, "vextra", "--genai")
+    assert sorted(result["unused_lora_tensors"]) == UNKNOWN_LAYER
+    assert any("There unused LoRA tensors" in line for line in result["openvino_warnings"])
+    assert sum("Unused LoRA tensor:" in line for line in result["openvino_warnings"]) >= 2
+    assert sorted(result["genai"]["unused_tensors"]) == UNKNOWN_LAYER
+    assert result["max_kl"] <= 0.05  # the tensors that do attach are the same on both
+    text = parity_text(capsys, monkeypatch, result, "vextra", "--genai")
+    assert "unused LoRA tensors: 2" in text
+    assert "stderr: " in text and "There unused LoRA tensors" in text
+    assert cli.main(["show", "extra", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    check = next(c for c in shown["checks"] if c["name"] == "cross-check (openvino)")
+    assert check["status"] == "warn" and "unused LoRA tensors: 2" in check["detail"]
+    assert sorted(shown["files"]["openvino"]["cross_check"]["unused_lora_tensors"]) == (
+        UNKNOWN_LAYER)
+    assert cli.main(["show", "extra"]) == 0
+    assert "parity --genai vextra" in capsys.readouterr().out
