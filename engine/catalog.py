@@ -84,6 +84,7 @@ class Catalog:
 
     state: StateFile = field(default_factory=lambda: StateFile(paths.catalog_file(), _empty))
     _base_info_cache: dict[tuple[str, str], BaseModelInfo] = field(default_factory=dict)
+    _adapter_info_cache: dict[tuple[str, str], AdapterInfo] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ reading
 
@@ -205,6 +206,7 @@ class Catalog:
         record.update(extra or {})  # e.g. how a built model was made (built_from)
 
         def insert(data: dict) -> dict:
+            _check_cancelled(cancelled, name)  # under the lock: cancelled means not added
             self._check_free(name, data)
             data["models"][name] = record
             return data
@@ -281,7 +283,8 @@ class Catalog:
         store_root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".import-", dir=store_root))
         try:
-            stored = _copy_adapter(first, staging, progress, cancelled)
+            # Three passes over the bytes (copy, value scan, hash), one progress bar.
+            stored = _copy_adapter(first, staging, _phase(progress, 0, 3), cancelled)
             if provenance is not None:
                 from engine.statefile import write_json_atomic
 
@@ -291,12 +294,14 @@ class Catalog:
                 raise RefusedError(f"{file.name} changed while it was imported")
             base_info = self.base_info(base_record)
             report = validation.check_adapter(info, base_info, base_record["backend"],
-                                              base_record["sha256"], strict=strict or curated)
+                                              base_record["sha256"], strict=strict or curated,
+                                              progress=_phase(progress, 1, 3),
+                                              cancelled=cancelled)
             if not report.ok:
                 raise RefusedError(report.reason(), details=tuple(
                     f"{c.name}: {c.detail}" for c in report.failures()))
-            sha = digest.sha256_file(Path(info.path))
-            config_sha = (digest.sha256_file(Path(info.config_path))
+            sha = digest.sha256_file(Path(info.path), _phase(progress, 2, 3), cancelled)
+            config_sha = (digest.sha256_file(Path(info.config_path), cancelled=cancelled)
                           if info.config_path else None)
             final = store_root / name
             if final.exists():
@@ -305,6 +310,7 @@ class Catalog:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        _keep_digests(info, final)
         stored_path = final / Path(info.path).name
         record = {
             "name": name,
@@ -330,6 +336,7 @@ class Catalog:
             record["provenance"] = provenance
 
         def insert(data: dict) -> dict:
+            _check_cancelled(cancelled, name)  # under the lock: cancelled means not added
             self._check_free(name, data)
             data["adapters"][name] = record
             return data
@@ -347,10 +354,15 @@ class Catalog:
             raise
 
     def adapter_info(self, record: dict[str, Any]) -> AdapterInfo:
-        info = artifacts.inspect_path(Path(record["path"]))
-        if not isinstance(info, AdapterInfo):
-            raise RefusedError(f"adapter {record['name']}: stored file is not an adapter")
-        return info
+        """Inspect a stored adapter file (memoised per path and digest, like
+        `base_info`: call it once the file's digest was checked against the record)."""
+        key = (record["path"], record["sha256"])
+        if key not in self._adapter_info_cache:
+            info = artifacts.inspect_path(Path(record["path"]))
+            if not isinstance(info, AdapterInfo):
+                raise RefusedError(f"adapter {record['name']}: stored file is not an adapter")
+            self._adapter_info_cache[key] = info
+        return self._adapter_info_cache[key]
 
     def recheck_adapter(self, name: str, base: str | None = None) -> validation.Report:
         """Re-verify a stored adapter: its bytes, then every compatibility check.
@@ -398,9 +410,13 @@ class Catalog:
         except artifacts.InspectionError as exc:
             checks.append(validation.Check("structure", validation.FAIL, exc.message))
             return validation.Report(tuple(checks))
+        # The digest matched, so these are the bytes scanned at import: their recorded
+        # value scan stands (a full read of the weights on every library refresh
+        # otherwise). The structural checks against the base are cheap and rerun.
         report = validation.check_adapter(info, self.base_info(base_record),
                                           base_record["backend"], base_record["sha256"],
-                                          strict=bool(record.get("curated")))
+                                          strict=bool(record.get("curated")),
+                                          values=_recorded_check(record, "values"))
         return validation.Report(tuple(checks) + report.checks)
 
     # ------------------------------------------------------------------ variants
@@ -577,12 +593,12 @@ class Catalog:
             if not isinstance(info, AdapterInfo):
                 raise RefusedError(f"{file.name} changed while it was imported")
             report = validation.check_adapter(info, self.base_info(base_record), backend,
-                                              base_record["sha256"])
+                                              base_record["sha256"], cancelled=cancelled)
             if not report.ok:
                 raise RefusedError(report.reason(), details=tuple(
                     f"{c.name}: {c.detail}" for c in report.failures()))
-            sha = digest.sha256_file(Path(info.path))
-            config_sha = (digest.sha256_file(Path(info.config_path))
+            sha = digest.sha256_file(Path(info.path), cancelled=cancelled)
+            config_sha = (digest.sha256_file(Path(info.config_path), cancelled=cancelled)
                           if info.config_path else None)
             if folder.exists():
                 shutil.rmtree(folder)
@@ -590,6 +606,7 @@ class Catalog:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        _keep_digests(info, folder)
         entry = {
             "backend": backend, "format": info.format,
             "path": str(folder / Path(info.path).name), "sha256": sha,
@@ -761,19 +778,135 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
-def status_of_records(catalog: Catalog) -> dict[str, list[str]]:
-    """Problems per entry (changed bases, adapters that no longer validate)."""
+def status_of_records(catalog: Catalog, skip: frozenset[str] | set[str] = frozenset()
+                      ) -> dict[str, list[str]]:
+    """Problems per entry (changed bases, adapters that no longer validate).
+
+    Cheap when `unchecked(catalog)` is empty; `skip` leaves out the entries it names.
+    """
     problems: dict[str, list[str]] = {}
     data = catalog.data()
     for name in data["models"]:
+        if name in skip:
+            continue
         status = catalog.verify_base(name)
         if not status.ok:
             problems.setdefault(name, []).append(status.detail)
     for name in data["adapters"]:
+        if name in skip:
+            continue
         report = catalog.recheck_adapter(name)
         if not report.ok:
             problems.setdefault(name, []).append(report.reason())
     return problems
+
+
+def _unread_files(catalog: Catalog) -> dict[str, list[Path]]:
+    """Per entry, the files its check would have to read whole: a digest not cached
+    (a new or changed file) or an adapter file without a recorded value scan."""
+    out: dict[str, list[Path]] = {}
+    data = catalog.data()
+
+    def needs_hash(path: Path) -> bool:
+        try:
+            return digest.cached_content_digest(path) is None
+        except artifacts.InspectionError:
+            return False  # missing or not a file: reported at once, nothing to read
+
+    for name, record in data["models"].items():
+        if needs_hash(Path(record["path"])):
+            out[name] = [Path(record["path"])]
+    for name, record in data["adapters"].items():
+        files = []
+        for entry in (record, *record.get("files", {}).values()):
+            path = Path(entry["path"])
+            if needs_hash(path) or _recorded_check(entry, "values") is None:
+                files.append(path)
+            if entry.get("config_sha256") and needs_hash(path.with_name("adapter_config.json")):
+                files.append(path.with_name("adapter_config.json"))
+        if files:
+            out[name] = files
+    return out
+
+
+def unchecked(catalog: Catalog) -> set[str]:
+    """Entries whose problem check would read whole files (only stats and caches are
+    read here): a base or adapter that is new or changed on disk, and everything that
+    uses one. `check_files` does the reading; then `status_of_records` is cheap."""
+    data = catalog.data()
+    slow = set(_unread_files(catalog))
+    for name, record in data["adapters"].items():
+        bases = {record["base"], *(f.get("base") for f in record.get("files", {}).values())}
+        if bases & slow:
+            slow.add(name)
+    for name, record in data["variants"].items():
+        if {record["base"], *(a["name"] for a in record["adapters"])} & slow:
+            slow.add(name)
+    return slow
+
+
+def check_files(catalog: Catalog, progress: digest.Progress | None = None,
+                cancelled: digest.CancelCheck | None = None) -> None:
+    """Read what `unchecked` found (hash new or changed files), with progress and
+    cancellation, so that the checks that follow answer from the caches. Long: a
+    changed multi-gigabyte base is hashed again."""
+    files = list(dict.fromkeys(p for paths_ in _unread_files(catalog).values()
+                               for p in paths_))
+
+    def size(path: Path) -> int:
+        try:
+            return _size(path)
+        except OSError:
+            return 0
+
+    sizes = [size(p) for p in files]
+    total, done = sum(sizes), 0
+    for path, length in zip(files, sizes, strict=True):
+        def sub(d: int, _t: int, base: int = done) -> None:
+            if progress:
+                progress(base + d, total)
+
+        try:
+            digest.content_digest(path, sub, cancelled)
+        except artifacts.InspectionError:
+            pass  # the check itself reports an unreadable file
+        done += length
+        _check_cancelled(cancelled, path.name)
+
+
+def _recorded_check(record: dict[str, Any], name: str) -> validation.Check | None:
+    """The check `name` recorded for a stored file at import, if there is one."""
+    for check in record.get("checks") or ():
+        if isinstance(check, dict) and check.get("name") == name and \
+                check.get("status") in (validation.PASS, validation.WARN, validation.FAIL):
+            return validation.Check(name, check["status"], str(check.get("detail", "")))
+    return None
+
+
+def _check_cancelled(cancelled: digest.CancelCheck | None, what: str) -> None:
+    from engine.errors import Cancelled
+
+    if cancelled and cancelled():
+        raise Cancelled(f"{what}: cancelled")
+
+
+def _phase(progress: digest.Progress | None, index: int, count: int
+           ) -> digest.Progress | None:
+    """Progress of pass `index` of `count` equal passes over the same bytes."""
+    if progress is None:
+        return None
+    return lambda done, total: progress(index * total + done, count * total)
+
+
+def _keep_digests(info: AdapterInfo, folder: Path) -> None:
+    """The staged files were renamed into `folder`: keep their cached digests, so the
+    first check of the stored copy does not read it all again."""
+    for staged in (info.path, info.config_path):
+        if staged:
+            try:
+                digest.moved(Path(staged), folder / Path(staged).name)
+            except StudioError:
+                pass  # only costs one more read at the next check
 
 
 Callback = Callable[[int, int], None]

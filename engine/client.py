@@ -26,6 +26,7 @@ from engine.errors import Cancelled, EngineError, StudioError
 
 EventCallback = Callable[[dict[str, Any]], None]
 StateCallback = Callable[[str, str], None]
+EnvFactory = Callable[[], dict[str, str]]
 
 
 @dataclass
@@ -38,6 +39,7 @@ class RequestHandle:
     result: Any = None
     error: StudioError | None = None
     cancel_requested: bool = False
+    engine: int = 0  # which engine process (EngineClient.starts) it was sent to
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the request ends; return its result or raise its error."""
@@ -52,8 +54,10 @@ class RequestHandle:
 
 
 class EngineClient:
-    def __init__(self, env: dict[str, str] | None = None,
+    def __init__(self, env: dict[str, str] | EnvFactory | None = None,
                  on_state: StateCallback | None = None) -> None:
+        """`env` is the engine's environment, or a function called at each start that
+        returns it (so a restarted engine sees settings changed since the last one)."""
         self._env = env
         self._on_state = on_state
         self._lock = threading.RLock()
@@ -64,6 +68,7 @@ class EngineClient:
         self.state = "stopped"
         self.pid: int | None = None
         self.starts = 0
+        self._killed: subprocess.Popen[bytes] | None = None  # a kill we asked for
 
     # ---------------------------------------------------------------- process
 
@@ -75,7 +80,10 @@ class EngineClient:
     def _ensure_started(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        env = dict(os.environ if self._env is None else self._env)
+        if callable(self._env):
+            env = dict(self._env())
+        else:
+            env = dict(os.environ if self._env is None else self._env)
         proc = subprocess.Popen(
             [sys.executable, "-m", "engine.host"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0,
@@ -84,18 +92,18 @@ class EngineClient:
         self.pid = proc.pid
         self.starts += 1
         self._log.clear()
-        threading.Thread(target=self._read_events, args=(proc,), daemon=True,
+        threading.Thread(target=self._read_events, args=(proc, self.starts), daemon=True,
                          name="engine-events").start()
         threading.Thread(target=protocol.read_log, args=(proc.stderr, self._log),
                          daemon=True, name="engine-log").start()
         self._set_state("running", f"pid {proc.pid}")
         return proc
 
-    def _read_events(self, proc: subprocess.Popen[bytes]) -> None:
+    def _read_events(self, proc: subprocess.Popen[bytes], number: int) -> None:
         assert proc.stdout is not None
         protocol.read_messages(proc.stdout, self._dispatch)
         code = proc.wait()
-        self._on_exit(proc, code)
+        self._on_exit(proc, code, number)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         event = message.get("event")
@@ -130,13 +138,16 @@ class EngineClient:
 
                 traceback.print_exc()
 
-    def _on_exit(self, proc: subprocess.Popen[bytes], code: int) -> None:
+    def _on_exit(self, proc: subprocess.Popen[bytes], code: int, number: int) -> None:
         with self._lock:
             if self._proc is proc:
                 self._proc = None
-            failed = list(self._pending.values())
-            self._pending.clear()
-        expected = code == 0
+            superseded = self._proc is not None  # a fresh engine already runs
+            # Only this process's requests: a fresh engine's are still being served.
+            failed = [h for h in self._pending.values() if h.engine == number]
+            for handle in failed:
+                del self._pending[handle.id]
+        restarted = proc is self._killed  # kill(expected=True): a restart, not a crash
         reason = _describe_exit(code)
         tail = list(self._log)[-8:]
         for handle in failed:
@@ -145,8 +156,10 @@ class EngineClient:
             self._deliver(handle, {"id": handle.id, "event": "failed",
                                    "error": protocol.error_payload(handle.error)})
             handle.done.set()
-        if expected and not failed:
-            self._set_state("stopped", "")
+        if superseded:
+            return  # the new engine's "running" is the state; this exit is history
+        if restarted or (code == 0 and not failed):
+            self._set_state("stopped", "restarted" if restarted else "")
         else:
             detail = f"engine stopped: {reason}"
             if tail:
@@ -159,7 +172,7 @@ class EngineClient:
                on_event: EventCallback | None = None) -> RequestHandle:
         with self._lock:
             proc = self._ensure_started()
-            handle = RequestHandle(f"r{next(self._ids)}", op, on_event)
+            handle = RequestHandle(f"r{next(self._ids)}", op, on_event, engine=self.starts)
             self._pending[handle.id] = handle
             try:
                 self._write(proc, {"id": handle.id, "op": op, "params": params or {}})
@@ -192,10 +205,16 @@ class EngineClient:
     def log_tail(self, count: int = 20) -> list[str]:
         return list(self._log)[-count:]
 
-    def kill(self) -> None:
-        """Kill the engine process (used by tests and by 'restart engine')."""
+    def kill(self, expected: bool = False) -> None:
+        """Kill the engine process. Requests in flight fail with "engine stopped".
+
+        `expected` (a restart the user asked for) reports the exit as "stopped"
+        rather than "crashed"; a plain kill is what a crash looks like to the client.
+        """
         with self._lock:
             proc = self._proc
+            if proc is not None and expected:
+                self._killed = proc
         if proc is not None and proc.poll() is None:
             proc.kill()
 

@@ -90,6 +90,23 @@ def hash_uncached(
     return hasher.hexdigest(), st
 
 
+def moved(old: Path, new: Path) -> None:
+    """`old` was renamed to `new`: keep its cached digest if the file is unchanged.
+
+    Imports hash a staged copy, then rename its folder into the store; without this
+    the first check of the stored file would read all of it again.
+    """
+    st = stat_regular(new)
+
+    def move(cache: dict) -> dict:
+        entry = cache.pop(_key(old), None)
+        if isinstance(entry, dict) and _matches(entry, st):
+            cache[_key(new)] = entry
+        return cache
+
+    _cache().update(move)
+
+
 def forget(path: Path) -> None:
     def drop(cache: dict) -> dict:
         cache.pop(_key(path), None)
@@ -105,6 +122,25 @@ OPENVINO_FILES = (
     "openvino_detokenizer.xml", "openvino_detokenizer.bin",
     "config.json", "generation_config.json", "tokenizer_config.json",
 )
+
+
+def cached_content_digest(path: Path) -> str | None:
+    """What `content_digest` would return, if it can say without reading (else None).
+
+    Only stats and the cache: the window asks this to know which checks would read
+    whole files, and runs those in the background.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return cached_digest(path)
+    lines = []
+    for file in (path / name for name in OPENVINO_FILES):
+        if file.exists():
+            hit = cached_digest(file)
+            if hit is None:
+                return None
+            lines.append(f"{file.name} {hit}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 def content_digest(

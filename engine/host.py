@@ -114,8 +114,7 @@ class Host:
         if self._manager is None:
             from engine.sessions import SessionManager
 
-            threads = int(os.environ.get("VARIANT_STUDIO_THREADS", "0")) or None
-            self._manager = SessionManager(n_threads=threads)
+            self._manager = SessionManager(n_threads=configured_threads())
         return self._manager
 
     def _handle(self, request: Request) -> Any:
@@ -190,10 +189,22 @@ class Host:
         raise EngineError(f"unknown engine request {request.op!r}")
 
 
+def configured_threads() -> int:
+    """Threads for inference: VARIANT_STUDIO_THREADS (set by the client from the
+    settings when it starts this process), else one per CPU core."""
+    try:
+        threads = int(os.environ.get("VARIANT_STUDIO_THREADS", "0"))
+    except ValueError:
+        threads = 0
+    return threads if threads > 0 else max(1, os.cpu_count() or 1)
+
+
 def _idle_description() -> dict[str, Any]:
     from engine.sessions import memory_usage
 
-    return {"pid": os.getpid(), "residents": [], "sessions": [], "memory": memory_usage()}
+    # n_threads as the sessions will use it, so the window can show it before any load.
+    return {"pid": os.getpid(), "residents": [], "sessions": [], "memory": memory_usage(),
+            "n_threads": configured_threads()}
 
 
 def _versions() -> dict[str, str]:

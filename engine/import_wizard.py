@@ -6,6 +6,11 @@ bases first, incompatible ones disabled with the reason) -> validation report
 scale and an optional variant -> finish. Navigation and every rule live here so they
 are tested without a window (Electrum's wizard pattern); the Qt pages only show
 state and forward input.
+
+The long parts are split so a window can run them on a worker thread: `inspect` and
+`validate` only read (files, the catalog) and return a value, with progress and
+cancellation; `apply_inspection` and `apply_report` change the state, on the thread
+that owns it. `set_path` and `choose_base` do both, for callers that can block.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from engine import artifacts, paths, validation
 from engine.artifacts import AdapterInfo, BaseModelInfo
 from engine.catalog import AdapterSpec, Catalog
 from engine.digest import CancelCheck, Progress
-from engine.errors import StudioError
+from engine.errors import Cancelled, StudioError
 
 
 class Step(enum.IntEnum):
@@ -36,6 +41,18 @@ class BaseChoice:
     backend: str
     compatible: bool
     reason: str
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What `inspect` found for one path (a value: it crosses threads)."""
+
+    path: Path
+    info: AdapterInfo | None
+    error: str | None
+    name: str = ""
+    source: str = ""
+    choices: tuple[BaseChoice, ...] = ()
 
 
 @dataclass
@@ -59,57 +76,83 @@ class ImportWizard:
 
     def set_path(self, path: Path | str) -> None:
         """Inspect the chosen file; the summary step shows the result or the error."""
-        self.path = Path(path)
-        self.info, self.error = None, None
-        self.base, self.report, self.acknowledged = None, None, False
-        try:
-            found = artifacts.inspect_path(self.path)
-        except StudioError as exc:
-            self.error = exc.message
-            return
-        if isinstance(found, BaseModelInfo):
-            self.error = (f"{self.path.name} is a base model ({found.architecture}), not an "
-                          "adapter; add it as a model instead")
-            return
-        self.info = found
-        stem = self.path.stem if self.path.is_file() else self.path.name
-        self.name = _suggest_name(stem, self.catalog)
-        self.source = str(self.path)
-        self.choices = self._rank_bases()
+        self.apply_inspection(self.inspect(path))
 
-    def _rank_bases(self) -> list[BaseChoice]:
-        assert self.info is not None
+    def inspect(self, path: Path | str, progress: Progress | None = None,
+                cancelled: CancelCheck | None = None) -> Inspection:
+        """Inspect `path` and rank the catalog's bases for it; changes no state.
+
+        Long when a base changed on disk (it is hashed again): run it off the GUI thread.
+        """
+        path = Path(path)
+        try:
+            found = artifacts.inspect_path(path)
+        except StudioError as exc:
+            return Inspection(path, None, exc.message)
+        if isinstance(found, BaseModelInfo):
+            return Inspection(path, None, f"{path.name} is a base model "
+                              f"({found.architecture}), not an adapter; add it as a model "
+                              "instead")
+        stem = path.stem if path.is_file() else path.name
+        return Inspection(path, found, None, _suggest_name(stem, self.catalog), str(path),
+                          tuple(self._rank_bases(found, progress, cancelled)))
+
+    def apply_inspection(self, found: Inspection) -> None:
+        """Make `found` the wizard's file (what `set_path` does after inspecting)."""
+        self.path, self.info, self.error = found.path, found.info, found.error
+        self.base, self.report, self.acknowledged = None, None, False
+        self.choices = list(found.choices)
+        if found.info is not None:
+            self.name, self.source = found.name, found.source
+
+    def _rank_bases(self, info: AdapterInfo, progress: Progress | None,
+                    cancelled: CancelCheck | None) -> list[BaseChoice]:
         choices = []
         for record in self.catalog.data()["models"].values():
             try:
-                status = self.catalog.verify_base(record["name"])
+                status = self.catalog.verify_base(record["name"], progress, cancelled)
                 if not status.ok:
                     choices.append(BaseChoice(record["name"], record["backend"], False,
                                               status.detail))
                     continue
                 report = validation.check_adapter(
-                    self.info, self.catalog.base_info(record), record["backend"],
+                    info, self.catalog.base_info(record), record["backend"],
                     record["sha256"], scan_values=False)
                 reason = "compatible" if report.ok else report.reason()
                 if report.ok and report.warnings():
                     reason = f"compatible, with {len(report.warnings())} warning(s)"
                 choices.append(BaseChoice(record["name"], record["backend"], report.ok,
                                           reason))
+            except Cancelled:
+                raise
             except StudioError as exc:
                 choices.append(BaseChoice(record["name"], record["backend"], False,
                                           exc.message))
         return sorted(choices, key=lambda c: (not c.compatible, c.name))
 
     def choose_base(self, name: str) -> None:
+        self.apply_report(name, self.validate(name))
+
+    def validate(self, name: str, progress: Progress | None = None,
+                 cancelled: CancelCheck | None = None) -> validation.Report:
+        """The full report for base `name`, value scan included; changes no state.
+
+        Long for a large adapter (every weight is read): run it off the GUI thread.
+        """
         choice = next((c for c in self.choices if c.name == name), None)
         if choice is None or not choice.compatible:
             raise ValueError(f"base {name} cannot be chosen")
-        self.base = name
-        self.acknowledged = False
         record = self.catalog.model(name)
         assert self.info is not None
-        self.report = validation.check_adapter(self.info, self.catalog.base_info(record),
-                                               record["backend"], record["sha256"])
+        return validation.check_adapter(self.info, self.catalog.base_info(record),
+                                        record["backend"], record["sha256"],
+                                        progress=progress, cancelled=cancelled)
+
+    def apply_report(self, name: str, report: validation.Report) -> None:
+        """Choose base `name`, whose report `validate` made."""
+        self.base = name
+        self.acknowledged = False
+        self.report = report
         if not self.variant_name or self.variant_name.endswith(f"-{self.name}"):
             self.variant_name = f"{name}-{self.name}"[:64]
 
@@ -202,6 +245,21 @@ class ImportWizard:
             variant = self.catalog.add_variant(self.variant_name, self.base,
                                                [AdapterSpec(self.name, self.default_scale)])
             result["variant"] = variant["name"]
+        return result
+
+    def imported(self) -> dict[str, Any]:
+        """What `finish` added, read back from the catalog ({} if nothing was).
+
+        A cancel that arrives after the adapter was recorded comes too late to undo
+        it; the window asks this to tell the user the truth either way.
+        """
+        data = self.catalog.data()
+        record = data["adapters"].get(self.name)
+        if record is None or record.get("base") != self.base:
+            return {}
+        result: dict[str, Any] = {"adapter": self.name}
+        if self.create_variant and self.variant_name in data["variants"]:
+            result["variant"] = self.variant_name
         return result
 
 

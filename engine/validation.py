@@ -16,7 +16,8 @@ import numpy as np
 
 from engine import gguf_file, naming, safetensors_file
 from engine.artifacts import AdapterInfo, BaseModelInfo
-from engine.errors import InspectionError
+from engine.digest import CancelCheck, Progress
+from engine.errors import Cancelled, InspectionError
 from engine.safeio import printable
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -99,8 +100,16 @@ def check_adapter(
     *,
     strict: bool = False,
     scan_values: bool = True,
+    values: Check | None = None,
+    progress: Progress | None = None,
+    cancelled: CancelCheck | None = None,
 ) -> Report:
-    """Every check for `adapter` on `base` (served by `base_backend`)."""
+    """Every check for `adapter` on `base` (served by `base_backend`).
+
+    The value scan reads every weight (long for a large adapter: `progress` and
+    `cancelled` follow it). `values` is a scan result already known for these exact
+    bytes (the one recorded at import for the same sha256), which stands in for it.
+    """
     checks = [_format(adapter, base_backend), _structure(adapter)]
     if checks[0].status == FAIL:
         return Report(tuple(checks))
@@ -113,7 +122,7 @@ def check_adapter(
     checks.append(_alpha(adapter))
     checks.append(_dtypes(adapter))
     if scan_values and all(c.status != FAIL for c in checks):
-        checks.append(_values(adapter))
+        checks.append(values if values is not None else _values(adapter, progress, cancelled))
     checks.append(_expected_base(adapter, base, base_sha256, strict))
     return Report(tuple(checks))
 
@@ -266,7 +275,8 @@ def _dtypes(adapter: AdapterInfo) -> Check:
     return Check("dtype", PASS, ", ".join(adapter.dtypes))
 
 
-def _values(adapter: AdapterInfo) -> Check:
+def _values(adapter: AdapterInfo, progress: Progress | None = None,
+            cancelled: CancelCheck | None = None) -> Check:
     """Weights with NaN or infinity would poison every token; refuse them up front."""
     try:
         path = Path(adapter.path)
@@ -274,13 +284,19 @@ def _values(adapter: AdapterInfo) -> Check:
             return Check("values", WARN, "adapter too large to scan for NaN/inf")
         if adapter.format == "gguf":
             header = gguf_file.read_header(path)
-            arrays = (gguf_file.read_tensor(header, name) for name in header.tensors)
+            names = list(header.tensors)
+            arrays = (gguf_file.read_tensor(header, name) for name in names)
+            total = len(names)
         else:
-            arrays = iter(safetensors_file.load_tensors(
-                safetensors_file.read_header(path)).values())
-        for array in arrays:
+            loaded = safetensors_file.load_tensors(safetensors_file.read_header(path))
+            arrays, total = iter(loaded.values()), len(loaded)
+        for done, array in enumerate(arrays, 1):
+            if cancelled and cancelled():
+                raise Cancelled(f"checking the weights of {path.name} was cancelled")
             if not np.isfinite(array).all():
                 return Check("values", FAIL, "weights contain NaN or infinite values")
+            if progress:
+                progress(done, total)
     except InspectionError as exc:
         return Check("values", FAIL, exc.message)
     return Check("values", PASS, "all weights finite")

@@ -5,20 +5,37 @@ signals on the GUI thread. Token events are buffered and delivered at most every
 `FLUSH_MS` milliseconds, so a fast model cannot flood the event loop; a request that
 was stopped delivers nothing but its `cancelled` signal. When the engine process
 dies, `stateChanged("crashed", reason)` fires and the next request starts a fresh
-engine.
+engine. Each engine process gets its environment from the settings as they are when
+it starts (`engine_environment`), so a restart applies a changed thread count.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
+from engine import settings
 from engine.client import EngineClient, RequestHandle
 from engine.protocol import error_from_payload
 
 FLUSH_MS = 50
+
+
+def engine_environment() -> dict[str, str]:
+    """The environment of an engine process started now: ours plus the settings.
+
+    Read at every start (engine/host.py reads VARIANT_STUDIO_THREADS once, when it
+    starts), so changing the threads in Settings and restarting takes effect.
+    Threads 0 means automatic: an inherited VARIANT_STUDIO_THREADS then still holds.
+    """
+    env = dict(os.environ)
+    threads = settings.load().threads
+    if threads:
+        env["VARIANT_STUDIO_THREADS"] = str(threads)
+    return env
 
 
 class QtEngineClient(QObject):
@@ -34,11 +51,9 @@ class QtEngineClient(QObject):
     _raw = Signal(object)
     _state = Signal(str, str)
 
-    def __init__(self, parent: QObject | None = None, threads: int = 0) -> None:
+    def __init__(self, parent: QObject | None = None,
+                 env: Callable[[], dict[str, str]] = engine_environment) -> None:
         super().__init__(parent)
-        env = dict(os.environ)
-        if threads:
-            env["VARIANT_STUDIO_THREADS"] = str(threads)
         self._client = EngineClient(env=env, on_state=self._state.emit)
         self._handles: dict[str, RequestHandle] = {}
         self._buffers: dict[tuple[str, str], tuple[list[str], list]] = {}
@@ -82,8 +97,11 @@ class QtEngineClient(QObject):
                    if h.op in ("generate", "compare"))
 
     def restart(self) -> None:
-        """Kill the engine if it runs; the next request starts a fresh one."""
-        self._client.kill()
+        """Kill the engine if it runs; the next request starts a fresh one.
+
+        The exit is reported as `stateChanged("stopped", "restarted")`, not as a crash.
+        """
+        self._client.kill(expected=True)
 
     def close(self) -> None:
         self._timer.stop()

@@ -3,7 +3,9 @@
 `LibraryModel` is a read-only tree over a snapshot of the catalog (three sections,
 one row per entry) with badges for backend, curated or user-provided, and problems
 (a base whose file changed, an adapter that no longer validates). The view filters it
-through a proxy for search; widgets never hold catalog data themselves.
+through a proxy for search; widgets never hold catalog data themselves. Entries whose
+check would read whole files are shown "unchecked" until the window's background
+check has read them (see MainWindow.refresh).
 """
 
 from __future__ import annotations
@@ -54,17 +56,27 @@ class Entry:
     problem: str | None
 
 
-def snapshot(catalog: Catalog) -> dict[str, list[Entry]]:
-    """Read the catalog into display entries, with problems checked."""
+def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
+             checking: set[str] | frozenset[str] = frozenset()) -> dict[str, list[Entry]]:
+    """Read the catalog into display entries, with problems checked.
+
+    `problems` are ones already found (by a background check); without them the
+    entries not in `checking` are checked here, which is cheap for them (the caches
+    answer). Entries in `checking` get an "unchecked" badge and no problem yet.
+    """
     data = catalog.data()
-    problems = catalog_mod.status_of_records(catalog)
+    if problems is None:
+        problems = catalog_mod.status_of_records(catalog, skip=checking)
+
+    def badged(name: str, badges: list[str]) -> tuple[str, ...]:
+        return (*badges, "unchecked") if name in checking else tuple(badges)
     out: dict[str, list[Entry]] = {key: [] for key, _ in SECTIONS}
     for record in data["models"].values():
         out["models"].append(Entry(
             record["name"], "model", f"{record['metadata'].get('architecture', '?')} · "
             f"{record['metadata'].get('file_type', '')}",
-            (BACKEND_LABELS.get(record["backend"], record["backend"]),
-             "curated" if record["curated"] else "user"),
+            badged(record["name"], [BACKEND_LABELS.get(record["backend"], record["backend"]),
+                                    "curated" if record["curated"] else "user"]),
             "; ".join(problems.get(record["name"], [])) or None))
     for record in data["adapters"].values():
         meta = record["metadata"]
@@ -75,7 +87,7 @@ def snapshot(catalog: Catalog) -> dict[str, list[Entry]]:
         out["adapters"].append(Entry(
             record["name"], "adapter",
             f"rank {meta.get('rank')} · {', '.join(meta.get('targets') or [])} · "
-            f"for {record['base']}", tuple(badges),
+            f"for {record['base']}", badged(record["name"], badges),
             "; ".join(problems.get(record["name"], [])) or None))
     for record in data["variants"].values():
         parts = " + ".join(f"{a['name']}@{a['scale']:g}" for a in record["adapters"])
@@ -91,8 +103,8 @@ def snapshot(catalog: Catalog) -> dict[str, list[Entry]]:
             problem = exc.message
         out["variants"].append(Entry(
             record["name"], "variant", f"{record['base']} + {parts}",
-            (BACKEND_LABELS.get(record["backend"], record["backend"]),
-             "curated" if record["curated"] else "user"), problem))
+            badged(record["name"], [BACKEND_LABELS.get(record["backend"], record["backend"]),
+                                    "curated" if record["curated"] else "user"]), problem))
     for entries in out.values():
         entries.sort(key=lambda e: e.name.lower())
     return out
@@ -212,7 +224,7 @@ class _Filter(QSortFilterProxyModel):
 
 BADGE_COLORS = {
     "llama.cpp": "#2f6fdf", "OpenVINO": "#0a8f6a", "curated": "#7a5bd0", "user": "#8a8f98",
-    "unverified": "#c07a00",
+    "unverified": "#c07a00", "unchecked": "#5f6b7a",
 }
 
 

@@ -3,14 +3,19 @@
 The window owns one QtEngineClient (the only bridge to the engine process) and a
 Catalog. Every catalog change goes through the engine package and is followed by a
 library refresh; the engine never runs on the GUI thread, so nothing freezes.
+Nothing that reads a whole file runs on the GUI thread either: adding a base model
+(hashing it) runs in a `Task` with a progress dialog and Cancel, and a refresh only
+re-checks what the caches answer at once; the entries whose files are new or changed
+on disk are badged "unchecked" and checked in the background.
 """
 
 from __future__ import annotations
 
 import html
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QSettings, QTimer
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -28,6 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import catalog as catalog_mod
 from engine import openvino_default, paths, settings, statefile
 from engine.catalog import Catalog
 from engine.entries import show_entry
@@ -85,12 +91,16 @@ class MainWindow(QMainWindow):
         self.catalog = catalog or Catalog()
         # The app's first run gets the shipped demo variant, like the CLI's.
         self.catalog.ensure_initialized(demo=True)
-        prefs = settings.load()
-        self.client = client or QtEngineClient(self, threads=prefs.threads)
+        # The client reads the settings (threads) each time it starts an engine.
+        self.client = client or QtEngineClient(self)
         self.window_state = QSettings(str(paths.data_dir() / "window.ini"),
                                       QSettings.Format.IniFormat)
         self.theme = str(self.window_state.value("theme", "system"))
         self._tasks: list[Task] = []
+        self._checking: set[str] = set()  # entries whose files are not checked yet
+        self._check: Task | None = None  # the background check of those
+        self._describe_when_stopped = False
+        self.model_progress: QProgressDialog | None = None
 
         self.library = LibraryView()
         self.detail = DetailPane()
@@ -117,10 +127,22 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.splitter, 1)
         self.setCentralWidget(central)
 
+        self.check_label = QLabel()
+        self.check_button = QPushButton("Stop")
+        self.check_button.setFlat(True)
+        self.check_button.clicked.connect(self._check_button_clicked)
+        self.statusBar().addPermanentWidget(self.check_label)
+        self.statusBar().addPermanentWidget(self.check_button)
+        self.check_label.hide()
+        self.check_button.hide()
         self.engine_label = QLabel()
         self.resident_label = QLabel()
         self.memory_label = QLabel()
-        for label in (self.engine_label, self.resident_label, self.memory_label):
+        self.threads_label = QLabel()
+        self.threads_label.setToolTip("Inference threads of the engine process "
+                                      "(Settings → Engine threads)")
+        for label in (self.engine_label, self.resident_label, self.memory_label,
+                      self.threads_label):
             self.statusBar().addPermanentWidget(label)
 
         self.library.selected.connect(self._selected)
@@ -196,8 +218,15 @@ class MainWindow(QMainWindow):
     # ---------------------------------------------------------------- library
 
     def refresh(self) -> None:
+        """Reload the library. What the caches cannot answer (a file that is new or
+        changed on disk: hashing it again, perhaps gigabytes) is checked in the
+        background; until then those entries are badged "unchecked"."""
+        if self._check is not None:
+            self._check.cancel()  # this refresh checks again; the old result is stale
+            self._check = None
         try:
-            entries = snapshot(self.catalog)
+            self._checking = catalog_mod.unchecked(self.catalog)
+            entries = snapshot(self.catalog, checking=self._checking)
         except StudioError as exc:
             self.statusBar().showMessage(exc.message, 10000)
             return
@@ -208,14 +237,87 @@ class MainWindow(QMainWindow):
         current = self.library.current()
         if current:
             self._selected(*current)
+        if self._checking:
+            self._start_check()
+        else:
+            self._show_check(None)
+
+    def _start_check(self) -> Task:
+        # The worker gets its own Catalog (same file): no memo shared across threads.
+        worker = Catalog(self.catalog.state)
+
+        def work(progress: Any, cancelled: Any) -> dict[str, list[str]]:
+            catalog_mod.check_files(worker, progress, cancelled)
+            return catalog_mod.status_of_records(worker)
+
+        task = Task(work, self)
+        self._check = task
+        count = len(self._checking)
+        self._show_check(f"checking {count} entr{'y' if count == 1 else 'ies'} "
+                         "(files new or changed on disk)…", "Stop")
+        task.progress.connect(lambda done, _total: task is self._check and self._show_check(
+            f"checking {count} entr{'y' if count == 1 else 'ies'}… {done / 10:.0f} %",
+            "Stop"))
+        task.succeeded.connect(lambda problems: self._checked(task, problems))
+        task.failed.connect(lambda message: task is self._check and self._check_ended(
+            f"check failed: {message}"))
+        task.cancelled.connect(lambda: task is self._check and self._check_ended(
+            f"check stopped: {len(self._checking)} entries unchecked"))
+        task.start()
+        return task
+
+    def _checked(self, task: Task, problems: dict[str, list[str]]) -> None:
+        if task is not self._check:
+            return  # a newer refresh replaced it
+        self._check = None
+        try:
+            # Whatever changed again while it ran stays unchecked (no endless loop).
+            self._checking = catalog_mod.unchecked(self.catalog)
+            entries = snapshot(self.catalog, problems, self._checking)
+        except StudioError as exc:
+            self._check_ended(exc.message)
+            return
+        self.library.load(entries)
+        current = self.library.current()
+        if current:
+            self._selected(*current)
+        if self._checking:
+            self._check_ended(f"{len(self._checking)} entries changed while they were "
+                              "checked")
+        else:
+            self._show_check(None)
+
+    def _check_ended(self, message: str) -> None:
+        self._check = None
+        self._show_check(message, "Check now")
+
+    def _show_check(self, text: str | None, button: str = "") -> None:
+        self.check_label.setVisible(text is not None)
+        self.check_button.setVisible(text is not None)
+        self.check_label.setText(text or "")
+        self.check_button.setText(button)
+
+    def _check_button_clicked(self) -> None:
+        if self._check is not None:
+            self._check.cancel()
+        else:
+            self.refresh()
 
     def _selected(self, kind: str, name: str) -> None:
-        try:
-            entry = show_entry(self.catalog, name)
-        except StudioError as exc:
-            self.statusBar().showMessage(exc.message, 10000)
-            return
-        self.detail.show_entry(entry, is_default=settings.load().default_model == name)
+        if name in self._checking:
+            # Its check would read whole files here on the GUI thread: wait for the
+            # background check, which selects it again when it is done.
+            self.detail.show_entry(None)
+            self.detail.browser.setHtml(
+                f"<p><b>{html.escape(name)}</b></p><p style='color:#888'>Checking its "
+                "files in the background (new or changed on disk)…</p>")
+        else:
+            try:
+                entry = show_entry(self.catalog, name)
+            except StudioError as exc:
+                self.statusBar().showMessage(exc.message, 10000)
+                return
+            self.detail.show_entry(entry, is_default=settings.load().default_model == name)
         if kind in ("model", "variant"):
             self.chat.set_model(name)
         if kind == "variant":
@@ -239,21 +341,56 @@ class MainWindow(QMainWindow):
         self.select(dialog.result_names.get("variant") or dialog.result_names["adapter"])
         self.statusBar().showMessage(f"imported {dialog.result_names['adapter']}", 8000)
 
-    def add_model(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Base model (GGUF)", "",
-                                              "GGUF models (*.gguf);;All files (*)")
+    def add_model(self, path: str | None = None) -> Task | None:
+        """Add a base model: inspected and hashed (seconds per gigabyte) in a Task,
+        with a progress dialog whose Cancel leaves the catalog unchanged."""
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Base model (GGUF)", "",
+                                                  "GGUF models (*.gguf);;All files (*)")
         if not path:
-            return
-        from pathlib import Path
+            return None
+        file = Path(path)
+        name = "".join(c if c.isalnum() or c in "._-" else "-" for c in file.stem)[:64]
+        backend = settings.load().default_backend
+        dialog = QProgressDialog(f"Reading and hashing {file.name}…", "Cancel", 0, 1000, self)
+        dialog.setWindowTitle("Add base model")
+        dialog.setWindowModality(Qt.WindowModality.WindowModal)
+        dialog.setMinimumDuration(0)
+        dialog.setAutoClose(False)
+        dialog.setAutoReset(False)
+        task = Task(lambda progress, cancelled: self.catalog.add_model(
+            name, file, backend, progress=progress, cancelled=cancelled), self)
+        task.progress.connect(lambda done, _total: dialog.setValue(done))
+        dialog.canceled.connect(task.cancel)
+        task.succeeded.connect(lambda _record: self._model_added(name))
+        task.failed.connect(lambda message: QMessageBox.warning(self, "Model not added",
+                                                                message))
+        task.cancelled.connect(lambda: self._model_cancelled(name))
 
-        name = "".join(c if c.isalnum() or c in "._-" else "-" for c in Path(path).stem)[:64]
-        try:
-            self.catalog.add_model(name, Path(path), settings.load().default_backend)
-        except StudioError as exc:
-            QMessageBox.warning(self, "Model not added", exc.message)
-            return
+        def ended() -> None:
+            dialog.canceled.disconnect(task.cancel)
+            dialog.hide()
+            self._tasks.remove(task)
+
+        task.done.connect(ended)
+        self._tasks.append(task)
+        self.model_progress = dialog
+        task.start()
+        dialog.setValue(0)
+        dialog.show()
+        return task
+
+    def _model_added(self, name: str) -> None:
         self.refresh()
         self.select(name)
+        self.statusBar().showMessage(f"added base model {name}", 8000)
+
+    def _model_cancelled(self, name: str) -> None:
+        if name in self.catalog.data()["models"]:
+            self._model_added(name)  # the cancel came after it was recorded
+        else:
+            self.statusBar().showMessage(f"adding {name} was cancelled; nothing was added",
+                                         8000)
 
     def compose(self, editing: str | None = None, duplicate_of: str | None = None,
                 adapter: str | None = None) -> ComposerDialog:
@@ -390,9 +527,14 @@ class MainWindow(QMainWindow):
         self._openvino_dialog = dialog
 
     def restart_engine(self) -> None:
+        """A fresh engine process, started with the settings as they are now."""
         self.banner.hide()
-        self.client.restart()
-        QTimer.singleShot(200, self.client.describe)
+        if self.client.state == "running":
+            # Describe (which starts the new engine) once the old one has gone.
+            self._describe_when_stopped = True
+            self.client.restart()
+        else:
+            self.client.describe()
 
     # ---------------------------------------------------------------- engine state
 
@@ -400,6 +542,9 @@ class MainWindow(QMainWindow):
         labels = {"running": "● engine running", "stopped": "○ engine idle",
                   "crashed": "✗ engine stopped"}
         self.engine_label.setText(labels.get(state, state))
+        if state != "running" and self._describe_when_stopped:
+            self._describe_when_stopped = False
+            self.client.describe()
         if state == "crashed":
             self.banner.show_message(
                 f"<b>The engine process stopped.</b> {html.escape(detail)}<br>Your catalog "
@@ -421,6 +566,9 @@ class MainWindow(QMainWindow):
             f" · {len(sessions)} session(s)")
         rss = (info.get("memory") or {}).get("rss_bytes", 0)
         self.memory_label.setText(f"{rss / 2**20:.0f} MiB")
+        threads = info.get("n_threads")
+        self.threads_label.setText(f"{threads} thread{'' if threads == 1 else 's'}"
+                                   if threads else "")
 
     def _request_failed(self, _request_id: str, message: str, _details: list) -> None:
         self.statusBar().showMessage(message, 15000)
@@ -480,6 +628,8 @@ class MainWindow(QMainWindow):
                 return
         self.save_state()
         self.stop_current()
+        if self._check is not None:
+            self._check.cancel()
         self.train.client.shutdown()
         self.client.close()
         super().closeEvent(event)

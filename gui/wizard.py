@@ -1,17 +1,21 @@
 """The adapter import wizard's Qt pages: thin views over engine.import_wizard.
 
 Navigation and every rule live in `ImportWizard` (tested without Qt); this dialog
-only shows the current step, forwards input, and runs the final import on a worker
-thread with progress and a cancel button.
+only shows the current step and forwards input. Everything that reads whole files
+runs on a worker thread (`gui.tasks.Task`) with progress and a cancel button: the
+inspection of a chosen file (and the re-hash of a base that changed on disk), the
+validation against the chosen base (a scan of every weight), and the import. Only
+the newest step's result is applied; `stepReady` says one has ended.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -49,6 +53,8 @@ TITLES = {
 
 
 class ImportDialog(QDialog):
+    stepReady = Signal()  # a step's background work ended: applied, failed or stopped
+
     def __init__(self, catalog: Catalog, path: str | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -57,7 +63,10 @@ class ImportDialog(QDialog):
         self.resize(680, 520)
         self.state = ImportWizard(catalog)
         self.result_names: dict[str, Any] = {}
-        self.task: Task | None = None
+        self.task: Task | None = None  # the import
+        self.step_task: Task | None = None  # inspection or validation of this step
+        self._step_label = ""
+        self._inspecting = ""  # the path last given to inspection
 
         self.title = QLabel()
         self.title.setStyleSheet("font-size:15px;font-weight:bold")
@@ -66,7 +75,7 @@ class ImportDialog(QDialog):
         self.path = QLineEdit()
         self.path.setPlaceholderText("A GGUF LoRA, a .safetensors file, or a PEFT folder — "
                                      "or drop it here")
-        self.path.editingFinished.connect(lambda: self._set_path(self.path.text()))
+        self.path.editingFinished.connect(self._path_edited)
         browse_file = QPushButton("Choose file…")
         browse_file.clicked.connect(self._browse_file)
         browse_dir = QPushButton("Choose folder…")
@@ -163,13 +172,22 @@ class ImportDialog(QDialog):
         if path:
             self._set_path(path)
 
+    def _path_edited(self) -> None:
+        # editingFinished also fires when the field merely loses focus (leaving the
+        # first page hides it): only a different path is inspected again.
+        if self.path.text().strip() != self._inspecting:
+            self._set_path(self.path.text())
+
     def _set_path(self, path: str) -> None:
-        if not path.strip():
+        path = path.strip()
+        if not path:
             return
-        self.state.set_path(Path(path.strip()))
-        self.path.setText(path.strip())
-        self._load_state_into_pages()
-        self._refresh()
+        self.path.setText(path)
+        self._inspecting = path
+        self._run_step(f"Reading {Path(path).name}…",
+                       lambda progress, cancelled: self.state.inspect(Path(path), progress,
+                                                                      cancelled),
+                       self.state.apply_inspection)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
         if event.mimeData().hasUrls() and self.state.step == Step.PICK:
@@ -183,9 +201,58 @@ class ImportDialog(QDialog):
     def _base_chosen(self, item: QListWidgetItem | None, _previous: Any) -> None:
         if item is None or not item.flags() & Qt.ItemFlag.ItemIsEnabled:
             return
-        self.state.choose_base(item.data(Qt.ItemDataRole.UserRole))
+        name = item.data(Qt.ItemDataRole.UserRole)
+        self._run_step(f"Checking the adapter against {name} (every weight is read)…",
+                       lambda progress, cancelled: self.state.validate(name, progress,
+                                                                       cancelled),
+                       lambda report: self.state.apply_report(name, report))
+
+    # ---------------------------------------------------------------- step work
+
+    def _run_step(self, label: str, work: Callable[..., Any],
+                  apply: Callable[[Any], None]) -> Task:
+        """Run a step's reading on a worker thread; `apply` its result on this one."""
+        if self.step_task is not None:
+            self.step_task.cancel()  # superseded: a cancelled task delivers nothing
+        task = Task(work, self)
+        self.step_task = task
+        self._step_label = label
+        self.progress.setRange(0, 0)  # busy, until the work reports how far it is
+        self.progress.show()
+        self.cancel_button.setText("Stop")
+        task.progress.connect(lambda done, total: self._step_progress(task, done, total))
+        task.succeeded.connect(lambda result: self._step_ended(task, apply, result))
+        task.failed.connect(lambda message: self._step_ended(task, None, message))
+        task.cancelled.connect(lambda: self._step_ended(task, None, "stopped"))
+        task.start()
+        self._refresh()
+        return task
+
+    def _step_progress(self, task: Task, done: int, total: int) -> None:
+        if task is self.step_task:
+            self.progress.setRange(0, total)
+            self.progress.setValue(done)
+
+    def _step_ended(self, task: Task, apply: Callable[[Any], None] | None,
+                    result: Any) -> None:
+        if task is not self.step_task:
+            return  # a newer step replaced it
+        self.step_task = None
+        self.progress.hide()
+        self.progress.setRange(0, 1000)
+        self.cancel_button.setText("Cancel")
+        if apply is not None:
+            apply(result)
         self._load_state_into_pages()
         self._refresh()
+        if apply is None:
+            self.blocker.setText(f"<span style='color:#d23c3c'>{html.escape(self._step_label)}"
+                                 f" {html.escape(str(result))}</span>")
+        self.stepReady.emit()
+
+    def busy(self) -> bool:
+        """Is background work (a step's reading, or the import) running?"""
+        return self.task is not None or self.step_task is not None
 
     def _acknowledge(self, checked: bool) -> None:
         self.state.acknowledge_warnings(checked)
@@ -242,8 +309,10 @@ class ImportDialog(QDialog):
         self.pages.setCurrentIndex(int(step))
         self.title.setText(TITLES[step])
         blockers = self.state.blockers()
+        if self.step_task is not None:
+            blockers = [self._step_label]
         self.blocker.setText(html.escape(blockers[0]) if blockers else "")
-        busy = self.task is not None
+        busy = self.busy()
         self.back_button.setEnabled(step > Step.PICK and not busy)
         self.next_button.setText("Import" if step == Step.DETAILS else "Next")
         self.next_button.setEnabled(not blockers and not busy)
@@ -291,13 +360,26 @@ class ImportDialog(QDialog):
 
     def _import_cancelled(self) -> None:
         self.task = None
+        done = self.state.imported()
+        if done:  # the cancel came after the import was recorded: it happened
+            self._imported(done)
+            return
         self.progress.hide()
         self.cancel_button.setText("Cancel")
         self._refresh()
         self.blocker.setText("import cancelled; nothing was added")
 
     def _cancel(self) -> None:
-        if self.task is not None:
+        if self.step_task is not None:
+            self.step_task.cancel()
+        elif self.task is not None:
             self.task.cancel()
         else:
             self.reject()
+
+    def reject(self) -> None:
+        """Closing the dialog stops its background work; an import then adds nothing."""
+        for task in (self.step_task, self.task):
+            if task is not None:
+                task.cancel()
+        super().reject()

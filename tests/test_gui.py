@@ -8,6 +8,8 @@ that everything survives a restart.
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,13 @@ from tests import factories as f
 from tests.engine_helpers import populate
 
 LONG = 600_000  # ms: generous upper bounds for CI under load; never waited out normally
+
+
+def wait_step(qtbot, dialog) -> None:
+    """Wait until the wizard step's background work (inspection) has been applied."""
+    if dialog.step_task is not None:
+        with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
+            pass
 
 
 @pytest.fixture
@@ -72,28 +81,39 @@ def test_detail_shows_provenance_checks_and_identity(populated: MainWindow) -> N
     assert Catalog().identity("vab").key in html and "a @ 0.5" in html
 
 
-def test_a_changed_adapter_is_badged_as_a_problem(populated: MainWindow) -> None:
+def test_a_changed_adapter_is_badged_as_a_problem(populated: MainWindow, qtbot) -> None:
     stored = Path(Catalog().adapter("b")["path"])
     stored.write_bytes(stored.read_bytes()[:-8] + b"\0" * 8)
     populated.refresh()
-    from gui.library import ProblemRole
+    from gui.library import BadgesRole, ProblemRole
 
+    # Hashing the changed file again is left to the background check.
+    model = populated.library.model
+    assert "unchecked" in model.index_of("b").data(BadgesRole)
+    assert "unchecked" in model.index_of("vb").data(BadgesRole)
+    assert "unchecked" not in model.index_of("a").data(BadgesRole)
+    qtbot.waitUntil(lambda: bool(populated.library.model.index_of("b").data(ProblemRole)),
+                    timeout=LONG)
     problem = populated.library.model.index_of("b").data(ProblemRole)
     assert problem and "changed after import" in problem
     assert "problem" in populated.library.model.index_of("vb").data(ProblemRole)
+    assert "unchecked" not in populated.library.model.index_of("b").data(BadgesRole)
 
 
 def test_wizard_imports_an_adapter_and_creates_a_variant(window: MainWindow, tmp_path: Path,
                                                          base_info, qtbot) -> None:
     source = f.write_gguf_lora(tmp_path / "poet.gguf", base_info, seed=3, strength=0.1)
     dialog = window.import_adapter(str(source))
+    assert dialog.busy() and not dialog.next_button.isEnabled()  # inspecting, off-thread
+    wait_step(qtbot, dialog)
     assert dialog.state.info is not None
     dialog.next()  # summary
     assert "poet.gguf" in dialog.summary.toHtml()
     dialog.next()  # base
     assert dialog.bases.item(0).flags() & Qt.ItemFlag.ItemIsEnabled
     assert not dialog.next_button.isEnabled()
-    dialog.bases.setCurrentRow(0)
+    with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
+        dialog.bases.setCurrentRow(0)  # validation (the value scan) runs off-thread
     dialog.next()  # report
     assert not dialog.next_button.isEnabled() and dialog.ack.isVisible()
     dialog.ack.setChecked(True)
@@ -109,7 +129,7 @@ def test_wizard_imports_an_adapter_and_creates_a_variant(window: MainWindow, tmp
 
 @pytest.mark.parametrize("case", ["junk", "base model", "other backend", "taken name"])
 def test_wizard_refusals(window: MainWindow, tmp_path: Path, base_info, embedded_path: Path,
-                         case: str) -> None:
+                         case: str, qtbot) -> None:
     catalog_bytes = (Path(Catalog().state.path)).read_bytes()
     if case == "junk":
         path = tmp_path / "junk.gguf"
@@ -121,6 +141,7 @@ def test_wizard_refusals(window: MainWindow, tmp_path: Path, base_info, embedded
     else:
         path = f.write_gguf_lora(tmp_path / "ok.gguf", base_info)
     dialog = window.import_adapter(str(path))
+    wait_step(qtbot, dialog)
     dialog.next()
     if case in ("junk", "base model"):
         assert not dialog.next_button.isEnabled()
@@ -135,7 +156,8 @@ def test_wizard_refusals(window: MainWindow, tmp_path: Path, base_info, embedded
         assert "no base model" in dialog.blocker.text()
     else:
         dialog.next()
-        dialog.bases.setCurrentRow(0)
+        with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
+            dialog.bases.setCurrentRow(0)
         dialog.next()
         dialog.ack.setChecked(True)
         dialog.next()
@@ -246,7 +268,7 @@ def test_recovery_banner_after_the_engine_is_killed(populated: MainWindow, qtbot
     def kill_on_first_tokens(request_id: str, *_args: object) -> None:
         if request_id == chat.request_id:
             populated.client.tokens.disconnect(kill_on_first_tokens)
-            populated.client.restart()  # kills the engine process mid-answer
+            os.kill(populated.client.pid(), signal.SIGKILL)  # a crash, mid-answer
 
     populated.client.tokens.connect(kill_on_first_tokens)
     chat.input.setPlainText("Tell me a very long story about a lighthouse keeper.")

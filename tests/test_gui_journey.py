@@ -1,0 +1,163 @@
+"""Issue 5's "done when", end to end, the way a user does it: no CLI, only the window.
+
+Import a GGUF adapter for the embedded base through the wizard (typed path, chosen
+base, acknowledged warnings, name, source, default scale, a variant), make the
+variant's answers short and greedy in the composer, chat with it, compare it with
+its base, read its provenance and compatibility, then close the window and check that
+a new one on the same data directory has everything back. Real embedded model, real
+engine process; every wait is on a signal or a condition.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+
+from engine import conversations
+from engine.catalog import Catalog
+from engine.defaults import DEFAULT_MODEL_NAME
+from gui.composer import ComposerDialog
+from gui.library import BadgesRole
+from gui.main_window import MainWindow
+from gui.wizard import ImportDialog
+from tests import factories as f
+
+LONG = 600_000  # ms: an upper bound for a loaded CI machine, never waited out normally
+SOURCE = "https://example.org/loras/poet.gguf"
+PROMPT = "Write a short poem about the sea."
+
+
+def visible(win: MainWindow, kind: type) -> list:
+    return [d for d in win.findChildren(kind) if d.isVisible()]
+
+
+def click_row(qtbot, view, row: int) -> None:
+    rect = view.visualItemRect(view.item(row))
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+
+
+def retype(qtbot, widget, text: str) -> None:
+    widget.selectAll()
+    qtbot.keyClicks(widget, text)
+
+
+def test_import_chat_compare_inspect_and_come_back(studio_home: Path, tmp_path: Path,
+                                                   base_info, qtbot) -> None:
+    adapter_file = f.write_gguf_lora(tmp_path / "poet.gguf", base_info, seed=3, strength=0.1)
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+
+    # ---- import, through the wizard (File → Import adapter…)
+    win.act_import.trigger()
+    (dialog,) = visible(win, ImportDialog)
+    qtbot.keyClicks(dialog.path, str(adapter_file))
+    with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
+        qtbot.keyClick(dialog.path, Qt.Key.Key_Return)  # inspected off the GUI thread
+    dialog.next_button.click()
+    assert "poet.gguf" in dialog.summary.toPlainText()
+    dialog.next_button.click()
+    assert dialog.bases.item(0).text().startswith(DEFAULT_MODEL_NAME)
+    with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
+        click_row(qtbot, dialog.bases, 0)  # validated (value scan) off the GUI thread
+    assert dialog.state.base == DEFAULT_MODEL_NAME
+    dialog.next_button.click()
+    assert dialog.ack.isVisible() and not dialog.next_button.isEnabled()  # unverified base
+    dialog.ack.click()
+    dialog.next_button.click()
+    retype(qtbot, dialog.name, "poet")
+    retype(qtbot, dialog.source, SOURCE)
+    dialog.scale.setValue(0.8)
+    assert dialog.make_variant.isChecked()
+    retype(qtbot, dialog.variant_name, "smol-poet")
+    assert dialog.next_button.text() == "Import"
+    with qtbot.waitSignal(dialog.finished, timeout=LONG):
+        dialog.next_button.click()
+    assert win.library.current() == ("variant", "smol-poet")
+    assert win.detail.entry["name"] == "smol-poet"
+
+    # ---- short, greedy answers: the variant's profile, in the composer (Edit)
+    win.detail.buttons["edit"].click()
+    (composer,) = visible(win, ComposerDialog)
+    composer.temperature.setValue(0.0)
+    composer.repeat.setValue(1.0)
+    composer.max_tokens.setValue(16)
+    with qtbot.waitSignal(composer.finished, timeout=LONG):
+        composer.save_button.click()
+    record = Catalog().variant("smol-poet")
+    assert record["adapters"] == [{"name": "poet", "scale": 0.8}]
+    assert record["profile"]["max_tokens"] == 16 and record["profile"]["temperature"] == 0.0
+    identity = Catalog().identity("smol-poet")
+
+    # ---- chat with the variant
+    win.detail.buttons["chat"].click()
+    chat = win.chat
+    assert win.tabs.currentWidget() is chat and chat.model_name == "smol-poet"
+    qtbot.keyClicks(chat.input, PROMPT)
+    with qtbot.waitSignal(chat.answered, timeout=LONG):
+        qtbot.keyClick(chat.input, Qt.Key.Key_Return)  # Enter sends
+    answer = chat.conversation.messages[-1]
+    assert answer.role == "assistant" and answer.content.strip() and not answer.error
+    assert answer.model == "smol-poet" and answer.identity == identity.key
+    transcript = chat.transcript.toPlainText()
+    assert f"smol-poet on llama.cpp · {identity.short}" in transcript
+    assert answer.content.strip()[:20] in transcript
+    assert identity.short in chat.header.text()
+
+    # ---- compare it with its base (Ctrl+K)
+    win.act_compare.trigger()
+    view = win.compare
+    assert win.tabs.currentWidget() is view and view.variant.currentText() == "smol-poet"
+    view.prompt.setPlainText(PROMPT)
+    view.max_tokens.setValue(16)
+    assert view.temperature.value() == 0.0
+    with qtbot.waitSignal(view.busyChanged, timeout=LONG,
+                          check_params_cb=lambda busy: not busy):
+        view.run_button.click()
+    result = view.result
+    assert result is not None
+    assert view.base_side.text.strip() and view.variant_side.text.strip()
+    assert view.base_side.text == result["base"]["text"]
+    assert view.variant_side.text == result["variant"]["text"]
+    assert result["variant"]["identity"] == identity.key
+    assert result["adapter_effect"] > 0  # the adapter is really applied
+    assert f"{result['adapter_effect']:.4f}" in view.summary.text()
+
+    # ---- provenance and compatibility of the adapter, in the detail pane
+    win.library.select("poet")
+    win.tabs.setCurrentWidget(win.detail)
+    entry = win.detail.entry
+    stored = Catalog().adapter("poet")
+    page = win.detail.browser.toPlainText()
+    assert entry["name"] == "poet" and entry["sha256"] == stored["sha256"]
+    assert stored["sha256"] in page and SOURCE in page and "user-provided" in page
+    assert "user" in win.library.model.index_of("poet").data(BadgesRole)
+    checks = {row["name"]: row["status"] for row in win.detail.checks.rows}
+    for name in ("digest", "format", "structure", "architecture", "coverage", "shapes",
+                 "rank", "dtype", "values"):
+        assert checks[name] == "pass", name
+    assert checks["expected base"] == "warn"  # user-provided: no base digest declared
+    assert "0 failed" in win.detail.summary.text()
+    conversation_id = chat.conversation.id
+    win.close()
+
+    # ---- a new window on the same data directory
+    again = MainWindow()
+    qtbot.addWidget(again)
+    again.show()
+    assert again.library.current() == ("adapter", "poet")  # the selection
+    assert again.detail.entry["name"] == "poet"
+    assert "poet" in again.library.model.names("adapter")
+    assert "smol-poet" in again.library.model.names("variant")
+    assert Catalog().variant("smol-poet")["adapters"] == [{"name": "poet", "scale": 0.8}]
+    again.open_chat("smol-poet")
+    kept = again.chat.conversation
+    assert kept.id == conversation_id
+    assert [m.role for m in kept.messages] == ["user", "assistant"]
+    assert kept.messages[0].content == PROMPT
+    assert kept.messages[1].content == answer.content
+    assert kept.messages[1].identity == identity.key
+    assert answer.content.strip()[:20] in again.chat.transcript.toPlainText()
+    assert conversations.load(conversation_id).messages[1].content == answer.content
+    again.close()
