@@ -29,7 +29,7 @@ from engine import conversations, settings
 from engine.catalog import Catalog
 from engine.conversations import ChatMessage, Conversation
 from engine.errors import StudioError
-from engine.spec import resolve
+from engine.spec import SessionSpec, resolve
 from gui.backend_picker import LABELS, BackendPicker
 from gui.engine_client import QtEngineClient
 from gui.render import markdown_html
@@ -111,6 +111,7 @@ class ChatView(QWidget):
 
         self.header = QLabel("Choose a model or variant to chat with.")
         self.backend = BackendPicker()
+        self.backend.activated.connect(lambda _i: self._render_header())
         self.transcript = QTextBrowser()
         self.transcript.setOpenExternalLinks(False)
         self.input = QPlainTextEdit()
@@ -180,6 +181,7 @@ class ChatView(QWidget):
         """Which backends can serve the current model may have changed."""
         if self.request_id is None:
             self.backend.set_target(self.catalog, self.model_name)
+            self._render_header()
 
     def _reload_list(self) -> None:
         self.list_model.clear()
@@ -241,17 +243,24 @@ class ChatView(QWidget):
             self.transcript.setHtml("")
             self._update_buttons()
             return
+        self._render_header()
+        self.transcript.setHtml("".join(message_html(m) for m in self.conversation.messages))
+        self.transcript.verticalScrollBar().setValue(
+            self.transcript.verticalScrollBar().maximum())
+        self._update_buttons()
+
+    def _render_header(self) -> None:
+        if self.model_name is None:
+            return
         try:
-            short = self.catalog.identity(self.model_name).short
+            # The identity the next answer will have: the same spec `_start` sends
+            # (a base's context size comes from Settings, the backend from the picker).
+            short = self._spec().identity.short
             self.header.setText(f"<b>{html.escape(self.model_name)}</b> "
                                 f"<span style='color:#888'>identity {short}</span>")
         except StudioError as exc:
             self.header.setText(f"<b>{html.escape(self.model_name)}</b> "
                                 f"<span style='color:#d23c3c'>{html.escape(exc.message)}</span>")
-        self.transcript.setHtml("".join(message_html(m) for m in self.conversation.messages))
-        self.transcript.verticalScrollBar().setValue(
-            self.transcript.verticalScrollBar().maximum())
-        self._update_buttons()
 
     def _update_buttons(self) -> None:
         busy = self.request_id is not None
@@ -288,15 +297,20 @@ class ChatView(QWidget):
         self._save()
         self._start()
 
+    def _spec(self) -> SessionSpec:
+        """What the current model is served as: this spec is sent, its identity shown."""
+        assert self.model_name is not None
+        kind, _record = self.catalog.find(self.model_name)
+        # A plain base has no profile: it runs with the context size from Settings.
+        n_ctx = settings.load().context_size if kind == "model" else None
+        return resolve(self.catalog, self.model_name, n_ctx, self.backend.backend())
+
     def _start(self) -> None:
         assert self.conversation is not None and self.model_name is not None
         history = [{"role": m.role, "content": m.content}
                    for m in self.conversation.messages if not m.error]
         try:
-            kind, _record = self.catalog.find(self.model_name)
-            # A plain base has no profile: it runs with the context size from Settings.
-            n_ctx = settings.load().context_size if kind == "model" else None
-            spec = resolve(self.catalog, self.model_name, n_ctx, self.backend.backend())
+            spec = self._spec()
         except StudioError as exc:
             self._append_answer("", error=exc.message)
             return

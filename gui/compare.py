@@ -151,8 +151,8 @@ class CompareView(QWidget):
         self.variant = QComboBox()
         self.variant.setToolTip("Switch the variant to compare against its base")
         self.backend = BackendPicker()
-        self.variant.currentTextChanged.connect(
-            lambda name: self.backend.set_target(self.catalog, name or None))
+        self.variant.currentTextChanged.connect(self._variant_changed)
+        self.backend.activated.connect(lambda _i: self._choice_changed())
         self.prompt = QPlainTextEdit()
         self.prompt.setPlaceholderText("Prompt for both sides…  (Ctrl+Enter to run)")
         self.prompt.setMaximumHeight(90)
@@ -228,7 +228,8 @@ class CompareView(QWidget):
     # ---------------------------------------------------------------- variants
 
     def set_variants(self, names: list[str], current: str | None = None) -> None:
-        keep = current or self.variant.currentText()
+        before = self.variant.currentText()
+        keep = current or before
         self.variant.blockSignals(True)
         self.variant.clear()
         self.variant.addItems(names)
@@ -236,7 +237,47 @@ class CompareView(QWidget):
             self.variant.setCurrentText(keep)
         self.variant.blockSignals(False)
         self.backend.set_target(self.catalog, self.variant.currentText() or None)
+        if self.variant.currentText() != before:
+            self._choice_changed()
         self._update_buttons()
+
+    def _variant_changed(self, name: str) -> None:
+        self.backend.set_target(self.catalog, name or None)
+        self._choice_changed()
+
+    def _choice_changed(self) -> None:
+        """Another variant (or backend) is chosen: the sides say what the next run
+        compares, and texts of the previous choice are not left under its labels."""
+        shown = bool(self.result or self.base_side.text or self.variant_side.text)
+        if self.request_id:
+            # A run of the previous choice: stop it and ignore whatever it still
+            # delivers, which would otherwise land under the new choice's labels.
+            self.stop()
+            self.request_id = None
+            self.busyChanged.emit(False)
+        name = self.variant.currentText()
+        base_title, variant_title = "Base", "Variant"
+        if name:
+            try:
+                base_title, variant_title = self._titles(
+                    name, resolve(self.catalog, name, backend=self.backend.backend()))
+            except StudioError as exc:
+                variant_title = (f"<b>Variant</b> · {html.escape(name)} · <span "
+                                 f"style='color:#d23c3c'>{html.escape(exc.message)}</span>")
+        self.base_side.reset(base_title)
+        self.variant_side.reset(variant_title)
+        self.result = None
+        self.plot.set_data([], [], None)
+        self.summary.setText(f"Now comparing {html.escape(name)}: run it (Ctrl+Enter)."
+                             if name and shown else "")
+        self._update_buttons()
+
+    @staticmethod
+    def _titles(name: str, spec: Any) -> tuple[str, str]:
+        return (f"<b>Base</b> · {html.escape(spec.base_name)} · {spec.backend} · "
+                f"<code>{spec.identity.base_only().short}</code>",
+                f"<b>Variant</b> · {html.escape(name)} · {spec.backend} · "
+                f"<code>{spec.identity.short}</code>")
 
     def select_variant(self, name: str) -> None:
         index = self.variant.findText(name)
@@ -264,11 +305,9 @@ class CompareView(QWidget):
         self.params = {"spec": spec.to_dict(), "prompt": {"text": prompt,
                                                           "chat": self.chat.isChecked()},
                        "sampling": sampling}
-        self.base_side.reset(f"<b>Base</b> · {html.escape(spec.base_name)} · "
-                             f"{spec.backend} · "
-                             f"<code>{spec.identity.base_only().short}</code>")
-        self.variant_side.reset(f"<b>Variant</b> · {html.escape(name)} · {spec.backend} · "
-                                f"<code>{spec.identity.short}</code>")
+        base_title, variant_title = self._titles(name, spec)
+        self.base_side.reset(base_title)
+        self.variant_side.reset(variant_title)
         self.result = None
         self.plot.set_data([], [], None)
         self.summary.setText("running both sides…")

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.entries import provenance_lines
 from engine.safeio import printable
 
 STATUS_ICONS = {"pass": ("✓", "#1f9d55"), "warn": ("!", "#c07a00"), "fail": ("✗", "#d23c3c")}
@@ -132,14 +133,23 @@ def render_html(entry: dict[str, Any]) -> str:
                          if k != "key"]
         parts.append("<h3>Identity (what makes this model this model)</h3>"
                      "<table class='props'>" + "".join(identity_rows) + "</table>")
-    for section, title in (("profile", "Profile"), ("metadata", "Format metadata"),
-                           ("provenance", "Training provenance")):
+    for section, title in (("profile", "Profile"), ("metadata", "Format metadata")):
         value = entry.get(section)
         if isinstance(value, dict) and value:
             body = "".join(_row(str(k), v if not isinstance(v, dict) else
                                 ", ".join(f"{a}={b}" for a, b in v.items()))
                            for k, v in value.items() if k != "target_shapes")
             parts.append(f"<h3>{title}</h3><table class='props'>{body}</table>")
+    provenance = entry.get("provenance")
+    if isinstance(provenance, dict) and provenance:
+        # The same readable lines as `show` (digests, seed, settings, versions, the
+        # loss summary), not the raw record, whose loss curve would fill every row.
+        try:
+            lines = provenance_lines(provenance)
+        except (KeyError, TypeError, ValueError, AttributeError):  # a malformed record
+            lines = [f"{key}: {value}" for key, value in provenance.items()]
+        body = "".join(_row(*line.partition(": ")[::2]) for line in lines)
+        parts.append(f"<h3>Training provenance</h3><table class='props'>{body}</table>")
     style = ("<style>h2{margin:0 0 6px 0} .kind{font-size:small;color:#888;"
              "font-weight:normal} td.k{color:#888;padding-right:14px;white-space:nowrap}"
              " td{padding:2px 4px;vertical-align:top} code{font-family:monospace}</style>")

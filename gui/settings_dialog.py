@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings
+import os
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -19,6 +22,7 @@ from PySide6.QtWidgets import (
 
 from engine import paths, settings
 from engine.errors import StudioError
+from engine.safeio import printable
 
 THEMES = ("system", "light", "dark")
 
@@ -26,6 +30,32 @@ THEMES = ("system", "light", "dark")
 def user_settings() -> QSettings:
     """Where the data directory's location itself is remembered (outside it)."""
     return QSettings("VariantStudio", "Variant Studio")
+
+
+def data_dir_problem(text: str) -> str | None:
+    """Why `text` cannot be the data directory (None when it can).
+
+    The app creates the directory at its next start and keeps all its state there,
+    so it must be an absolute path that is, or can become, a writable directory.
+    """
+    if not text:
+        return "choose a data directory"
+    if "\0" in text:
+        return "the data directory path contains a NUL character"
+    path = Path(text).expanduser()
+    shown = printable(str(path), 300)
+    if not path.is_absolute():
+        return f"the data directory must be an absolute path, not {shown}"
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    blocker = "" if existing == path else \
+        f" cannot be created: {printable(str(existing), 300)}"
+    if not existing.is_dir():
+        return f"{shown}{blocker} is not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{shown}{blocker} is not writable"
+    return None
 
 
 class SettingsDialog(QDialog):
@@ -58,6 +88,8 @@ class SettingsDialog(QDialog):
         self.note.setWordWrap(True)
         self.error = QLabel()
         self.error.setStyleSheet("color:#d23c3c")
+        self.error.setWordWrap(True)
+        self.error.setTextFormat(Qt.TextFormat.PlainText)  # messages quote user paths
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok |
                                    QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.save)
@@ -79,6 +111,13 @@ class SettingsDialog(QDialog):
             self.data_dir.setText(path)
 
     def save(self) -> None:
+        # Check everything before changing anything: a refused dialog saves nothing.
+        data_dir = self.data_dir.text().strip()
+        moved = data_dir != str(paths.data_dir())
+        problem = data_dir_problem(data_dir) if moved else None
+        if problem:
+            self.error.setText(problem)
+            return
         before = settings.load()
         try:
             settings.update(threads=self.threads.value(), context_size=self.context.value(),
@@ -87,6 +126,6 @@ class SettingsDialog(QDialog):
             self.error.setText(exc.message)
             return
         self.threads_changed = before.threads != self.threads.value()
-        if self.data_dir.text().strip() != str(paths.data_dir()):
-            user_settings().setValue("data_dir", self.data_dir.text().strip())
+        if moved:
+            user_settings().setValue("data_dir", str(Path(data_dir).expanduser()))
         self.accept()
