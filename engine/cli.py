@@ -552,7 +552,7 @@ def cmd_compare(catalog: Catalog, args: argparse.Namespace) -> int:
     result = _run_engine("compare", _request(args, catalog))
     if args.json:
         keep = ("text", "token_ids", "identity", "tokens_per_second", "logprobs",
-                "finish_reason", "name", "backend")
+                "finish_reason", "name", "backend", "prompt_tokens")
         _emit_json({"base": {k: result["base"][k] for k in keep},
                     "variant": {k: result["variant"][k] for k in keep},
                     "first_divergence": result["first_divergence"],
