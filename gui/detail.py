@@ -98,6 +98,8 @@ def render_html(entry: dict[str, Any]) -> str:
     """HTML for the provenance and identity of one `show` entry."""
     kind = entry["kind"]
     rows: list[str] = []
+    if entry.get("built") is False:  # the OpenVINO default before its first use
+        rows.append(_row("not built yet", entry.get("how")))
     if kind in ("model", "adapter"):
         rows.append(_row("sha256", entry.get("sha256"), mono=True))
         rows.append(_row("source", entry.get("source")))
@@ -167,6 +169,7 @@ class DetailPane(QWidget):
     defaultRequested = Signal(str)
     newVariantRequested = Signal(str)
     convertRequested = Signal(str)
+    buildRequested = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -195,6 +198,7 @@ class DetailPane(QWidget):
             ("duplicate", "Duplicate", self.duplicateRequested),
             ("variant", "New variant…", self.newVariantRequested),
             ("convert", "Add file for the other backend", self.convertRequested),
+            ("build", "Build now", self.buildRequested),
             ("default", "Use as default", self.defaultRequested),
             ("copy", "Copy identity", None),
             ("remove", "Remove…", self.removeRequested),
@@ -235,7 +239,11 @@ class DetailPane(QWidget):
             "default": kind in ("model", "variant"),
             "copy": kind in ("model", "variant"),
             "remove": kind is not None,
+            "build": False,
         }
+        if entry is not None and entry.get("built") is False:
+            # Not built yet: nothing to chat with, remove or copy; only build it.
+            visible = dict.fromkeys(visible, False) | {"build": True}
         for key, button in self.buttons.items():
             button.setVisible(visible[key])
         self.buttons["default"].setEnabled(not is_default)

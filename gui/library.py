@@ -36,6 +36,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine import catalog as catalog_mod
+from engine import openvino_default
 from engine.catalog import Catalog
 from engine.errors import StudioError
 
@@ -78,6 +79,10 @@ def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
             badged(record["name"], [BACKEND_LABELS.get(record["backend"], record["backend"]),
                                     "curated" if record["curated"] else "user"]),
             "; ".join(problems.get(record["name"], [])) or None))
+    pending = openvino_default.pending_entry(catalog)
+    if pending is not None:  # listed before its first use, like `variant-studio list`
+        out["models"].append(Entry(pending["name"], "model", pending["summary"],
+                                   ("OpenVINO", "curated", "not built"), None))
     for record in data["adapters"].values():
         meta = record["metadata"]
         badges = [BACKEND_LABELS.get(record["backend"], record["backend"]),

@@ -153,6 +153,7 @@ class MainWindow(QMainWindow):
         self.detail.newVariantRequested.connect(lambda n: self.compose(adapter=n))
         self.detail.removeRequested.connect(self.remove_entry)
         self.detail.convertRequested.connect(self.convert_adapter)
+        self.detail.buildRequested.connect(lambda _name: self.build_openvino_default())
         self.detail.defaultRequested.connect(self.set_default)
         self.chat.answered.connect(self.client.describe)
         self.compare.busyChanged.connect(lambda busy: None if busy else self.client.describe())
@@ -230,6 +231,7 @@ class MainWindow(QMainWindow):
         except StudioError as exc:
             self.statusBar().showMessage(exc.message, 10000)
             return
+        shown = self.library.current()
         self.library.load(entries)
         self.compare.set_variants(self.library.model.names("variant"))
         self.chat.catalog_changed()
@@ -237,6 +239,8 @@ class MainWindow(QMainWindow):
         current = self.library.current()
         if current:
             self._selected(*current)
+        elif shown:  # the entry on show was removed: show another, not a stale one
+            self._select_first()
         if self._checking:
             self._start_check()
         else:
@@ -304,6 +308,7 @@ class MainWindow(QMainWindow):
             self.refresh()
 
     def _selected(self, kind: str, name: str) -> None:
+        built = True  # False only for the OpenVINO default before its first use
         if name in self._checking:
             # Its check would read whole files here on the GUI thread: wait for the
             # background check, which selects it again when it is done.
@@ -318,7 +323,8 @@ class MainWindow(QMainWindow):
                 self.statusBar().showMessage(exc.message, 10000)
                 return
             self.detail.show_entry(entry, is_default=settings.load().default_model == name)
-        if kind in ("model", "variant"):
+            built = entry.get("built", True)
+        if kind == "variant" or (kind == "model" and built):
             self.chat.set_model(name)
         if kind == "variant":
             self.compare.select_variant(name)
@@ -599,9 +605,12 @@ class MainWindow(QMainWindow):
         if chat_splitter is not None:
             self.chat.splitter.restoreState(chat_splitter)
         self.tabs.setCurrentIndex(int(self.window_state.value("tab", 0) or 0))
-        # The last selection, else the default model, else (a first run) the first
-        # variant, so the window never opens on an empty detail pane.
-        candidates = [self.window_state.value("selection"), settings.load().default_model,
+        self._select_first(self.window_state.value("selection"))
+
+    def _select_first(self, preferred: Any = None) -> None:
+        """Select `preferred`, else the default model, else (a first run) the first
+        variant, else the first model: the panes never show an empty or a stale entry."""
+        candidates = [preferred, settings.load().default_model,
                       *self.library.model.names("variant"), *self.library.model.names("model")]
         for name in candidates:
             if name and self.library.select(str(name)):

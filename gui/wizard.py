@@ -277,8 +277,8 @@ class ImportDialog(QDialog):
                 f"<tr><td style='color:#888;padding-right:12px'>{html.escape(k)}</td>"
                 f"<td>{html.escape(printable(str(v), 200))}</td></tr>"
                 for k, v in meta.items() if k != "target_shapes")
-            self.summary.setHtml(f"<p><b>{html.escape(Path(s.info.path).name)}</b></p>"
-                                 f"<table>{rows}</table>")
+            heading = html.escape(printable(Path(s.info.path).name))
+            self.summary.setHtml(f"<p><b>{heading}</b></p><table>{rows}</table>")
         self.bases.blockSignals(True)
         self.bases.clear()
         for choice in s.choices:

@@ -32,3 +32,15 @@ def base_info(embedded_path: Path) -> BaseModelInfo:
     info = artifacts.inspect_path(embedded_path)
     assert isinstance(info, BaseModelInfo)
     return info
+
+
+@pytest.fixture
+def window(studio_home: Path, qtbot):  # -> gui.main_window.MainWindow
+    """A shown main window on a fresh data directory (imports Qt only when used)."""
+    from gui.main_window import MainWindow
+
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    yield win
+    win.close()

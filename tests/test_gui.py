@@ -11,6 +11,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt
@@ -33,15 +34,6 @@ def wait_step(qtbot, dialog) -> None:
 
 
 @pytest.fixture
-def window(studio_home: Path, qtbot) -> MainWindow:
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.show()
-    yield win
-    win.close()
-
-
-@pytest.fixture
 def populated(studio_home: Path, tmp_path: Path, base_info, qtbot) -> MainWindow:
     populate(Catalog(), tmp_path, base_info)
     win = MainWindow()
@@ -53,7 +45,8 @@ def populated(studio_home: Path, tmp_path: Path, base_info, qtbot) -> MainWindow
 
 def test_library_lists_sections_with_badges_and_search(populated: MainWindow) -> None:
     model = populated.library.model
-    assert model.names("model") == [DEFAULT_MODEL_NAME]
+    # The OpenVINO default is listed before its first use, marked as not built.
+    assert model.names("model") == [DEFAULT_MODEL_NAME, f"{DEFAULT_MODEL_NAME}-openvino"]
     # A fresh catalog may also hold the curated demo (shipped in resources/).
     assert {"a", "b"} <= set(model.names("adapter"))
     assert {"va", "vb", "va0", "vab"} <= set(model.names("variant"))
@@ -62,6 +55,8 @@ def test_library_lists_sections_with_badges_and_search(populated: MainWindow) ->
     badges = model.index_of("a").data(BadgesRole)
     assert badges == ("llama.cpp", "user", "unverified")
     assert model.index_of(DEFAULT_MODEL_NAME).data(BadgesRole) == ("llama.cpp", "curated")
+    assert model.index_of(f"{DEFAULT_MODEL_NAME}-openvino").data(BadgesRole) == (
+        "OpenVINO", "curated", "not built")
     populated.library.search.setText("vab")
     proxy = populated.library.proxy
     variants = proxy.index(2, 0)
@@ -349,10 +344,21 @@ def test_openvino_from_the_window(populated: MainWindow, qtbot, tmp_path_factory
     picker = populated.chat.backend
     populated.open_chat("va")
     assert not picker.model().item(1).isEnabled()
+    # Before its first use the library lists it as not built, with only a Build button.
+    name = "smollm2-135m-instruct-openvino"
+
+    def row() -> Any:
+        return populated.library.model.entry(populated.library.model.index_of(name))
+
+    assert "not built" in row().badges
+    populated.select(name)
+    assert populated.detail.entry["built"] is False
+    assert populated.detail.buttons["build"].isVisibleTo(populated.detail)
+    assert not populated.detail.buttons["chat"].isVisibleTo(populated.detail)
     with qtbot.waitSignal(populated.client.finished, timeout=LONG):
-        populated.build_openvino_default()
-    qtbot.waitUntil(lambda: "smollm2-135m-instruct-openvino" in
-                    populated.library.model.names("model"), timeout=LONG)
+        populated.detail.buttons["build"].click()
+    qtbot.waitUntil(lambda: "not built" not in row().badges, timeout=LONG)
+    assert populated.detail.entry["name"] == name and populated.detail.entry["sha256"]
     populated.select("a")
     with qtbot.waitSignal(populated.convert_adapter("a").done, timeout=LONG):
         pass

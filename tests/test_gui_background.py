@@ -34,15 +34,6 @@ LONG = 600_000  # ms: an upper bound for a loaded CI machine, never waited out n
 GATE = 120  # s: how long a held worker waits for the GUI thread before giving up
 
 
-@pytest.fixture
-def window(studio_home: Path, qtbot) -> MainWindow:
-    win = MainWindow()
-    qtbot.addWidget(win)
-    win.show()
-    yield win
-    win.close()
-
-
 def on_gui_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 

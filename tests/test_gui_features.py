@@ -408,9 +408,6 @@ def test_removing_a_variant_asks_first_and_then_removes_it_everywhere(
     assert "a" in Catalog().data()["adapters"]
 
 
-@pytest.mark.xfail(strict=True, reason="known bug in gui/main_window.py refresh(): when "
-                   "the selected entry is removed, nothing is selected and the detail pane "
-                   "and chat keep showing the removed variant")
 def test_after_a_removal_the_panes_no_longer_show_the_removed_variant(
         home: Path, open_window, qtbot, monkeypatch) -> None:
     win = open_window()
@@ -837,9 +834,6 @@ def test_hostile_adapter_metadata_is_shown_escaped_never_raw(
     assert all_printable(win.chat.header.text())
 
 
-@pytest.mark.xfail(strict=True, reason="known bug in gui/wizard.py _load_state_into_pages(): "
-                   "the summary's heading is the file name html-escaped but not passed "
-                   "through printable(), so an RTL override or escape in it is shown raw")
 def test_the_import_summary_shows_a_hostile_file_name_escaped(
         home: Path, open_window, tmp_path: Path, base_info, qtbot) -> None:
     source = f.write_gguf_lora(tmp_path / "evil\u202egguf.\x1b[0m.gguf", base_info, seed=12)

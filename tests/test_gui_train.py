@@ -113,3 +113,20 @@ def test_missing_torch_explains_how_to_enable_training(qtbot, studio_home: Path,
     assert "Training is off" in widget.hint.text()
     assert "pip install 'variant-studio[train]'" in widget.hint.text()
     assert not widget.start_button.isEnabled()
+
+
+def test_a_run_from_the_window_lands_on_the_new_variant(qtbot, window, tmp_path: Path
+                                                        ) -> None:
+    """In the app, the finished run's variant is selected in the library and shown."""
+    page = window.train
+    window.tabs.setCurrentWidget(page)
+    fill(page, small_data(tmp_path / "d.jsonl"), "win-a", 2)
+    with qtbot.waitSignal(page.variantCreated, timeout=600_000):
+        page.start_button.click()
+    qtbot.waitUntil(lambda: window.library.current() == ("variant", "win-a-v"),
+                    timeout=60_000)
+    assert "win-a" in window.library.model.names("adapter")
+    assert window.detail.entry["name"] == "win-a-v"
+    assert window.detail.entry["adapters"][0]["name"] == "win-a"
+    assert window.chat.model_name == "win-a-v"
+    assert "trained variant win-a-v" in window.statusBar().currentMessage()
