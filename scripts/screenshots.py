@@ -120,10 +120,15 @@ def main() -> int:
         settle()
         window.grab().save(str(OUT / f"chat-{mode}.png"))
         if mode == "light":
+            # The wizard reads and checks files in the background: wait for each step.
             dialog = window.import_adapter(str(adapter))
+            if dialog.step_task is not None:
+                wait(dialog.stepReady)
             dialog.next()
             dialog.next()
             dialog.bases.setCurrentRow(0)
+            if dialog.step_task is not None:
+                wait(dialog.stepReady)
             dialog.next()
             settle()
             dialog.grab().save(str(OUT / "wizard-report.png"))
