@@ -44,13 +44,17 @@ def main(import_path: str | None = None, check: bool = False) -> int:
         QTimer.singleShot(0, lambda: window.import_adapter(import_path))
     if check:
         def report() -> None:
+            from gui.wizard import ImportDialog
+
             model = window.library.model
+            wizards = window.findChildren(ImportDialog)
             print(json.dumps({
                 "title": window.windowTitle(), "visible": window.isVisible(),
                 "icon": not app.windowIcon().isNull(),
                 "models": model.names("model"), "adapters": model.names("adapter"),
                 "variants": model.names("variant"),
                 "selected": (window.library.current() or ("", ""))[1],
+                "importing": wizards[0].path.text() if wizards else None,
             }), flush=True)
             window.close()
 

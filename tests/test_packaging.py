@@ -38,7 +38,20 @@ def test_the_console_script_opens_the_window_on_the_embedded_model(studio_home: 
     assert DEFAULT_MODEL_NAME in shown["models"]
     assert demo.ADAPTER_NAME in shown["adapters"] and demo.VARIANT_NAME in shown["variants"]
     # A first run opens on something to chat with: the demo variant.
-    assert shown["selected"] == demo.VARIANT_NAME
+    assert shown["selected"] == demo.VARIANT_NAME and shown["importing"] is None
+
+
+def test_the_console_script_opens_the_import_wizard_on_a_file(studio_home: Path,
+                                                              tmp_path: Path) -> None:
+    """`variant-studio gui FILE` (the desktop entry's "open with") starts an import."""
+    adapter = tmp_path / "style.gguf"
+    adapter.write_bytes(b"not yet inspected")
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = subprocess.run([str(CONSOLE_SCRIPT), "gui", str(adapter), "--check"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout.strip().splitlines()[-1])
+    assert shown["importing"] == str(adapter)
 
 
 def test_desktop_entry_icon_and_metadata_agree() -> None:
