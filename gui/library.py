@@ -200,7 +200,8 @@ class LibraryModel(QAbstractItemModel):
         if role == Qt.ItemDataRole.DisplayRole:
             return entry.name
         if role == Qt.ItemDataRole.ToolTipRole:
-            return entry.problem or entry.subtitle
+            # The full name too: next to its badges a long name is elided in the row.
+            return f"{entry.name}\n{entry.problem or entry.subtitle}"
         if role == NameRole:
             return entry.name
         if role == KindRole:

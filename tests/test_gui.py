@@ -57,6 +57,9 @@ def test_library_lists_sections_with_badges_and_search(populated: MainWindow) ->
     assert model.index_of(DEFAULT_MODEL_NAME).data(BadgesRole) == ("llama.cpp", "curated")
     assert model.index_of(f"{DEFAULT_MODEL_NAME}-openvino").data(BadgesRole) == (
         "OpenVINO", "curated", "not built")
+    # Long names are elided beside their badges; the tooltip gives the whole name.
+    tip = model.index_of(f"{DEFAULT_MODEL_NAME}-openvino").data(Qt.ItemDataRole.ToolTipRole)
+    assert tip.startswith(f"{DEFAULT_MODEL_NAME}-openvino\n") and "not built" in tip
     populated.library.search.setText("vab")
     proxy = populated.library.proxy
     variants = proxy.index(2, 0)
