@@ -193,7 +193,7 @@ def attach_demo(catalog: Catalog) -> dict[str, Any] | None:
     file record, or None when there was nothing to do. A failure leaves a notice and
     the adapter as it was (the demo then stays llama.cpp-only, as before).
     """
-    from engine.statefile import _notice
+    from engine.statefile import add_notice
     from engine.training import demo
 
     try:
@@ -211,11 +211,11 @@ def attach_demo(catalog: Catalog) -> dict[str, Any] | None:
         entry = catalog.convert_adapter(demo.ADAPTER_NAME, "openvino", target)
     except (StudioError, OSError) as exc:
         reason = exc.message if isinstance(exc, StudioError) else str(exc)
-        _notice(f"the demo adapter {demo.ADAPTER_NAME} got no OpenVINO file: {reason}")
+        add_notice(f"the demo adapter {demo.ADAPTER_NAME} got no OpenVINO file: {reason}")
         return None
     shipped = (record.get("provenance") or {}).get("adapter_files", {}).get("peft", {})
     if shipped.get("sha256") and shipped["sha256"] != entry["sha256"]:
-        _notice(f"the OpenVINO file of {demo.ADAPTER_NAME} differs from the shipped PEFT "
+        add_notice(f"the OpenVINO file of {demo.ADAPTER_NAME} differs from the shipped PEFT "
                 f"export recorded in its provenance (sha256 {entry['sha256'][:16]}…, "
                 f"recorded {shipped['sha256'][:16]}…)")
     return entry

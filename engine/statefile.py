@@ -45,7 +45,7 @@ def take_notices() -> list[str]:
         return fresh
 
 
-def _notice(message: str) -> None:
+def add_notice(message: str) -> None:
     with _notices_lock:
         _notices.append(message)
 
@@ -118,7 +118,7 @@ class StateFile:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
             os.replace(self.path, aside)
-        _notice(f"{self.path.name} was unreadable and was set aside as {aside.name}")
+        add_notice(f"{self.path.name} was unreadable and was set aside as {aside.name}")
         return self._default()
 
     def reject(self) -> None:

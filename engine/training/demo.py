@@ -249,7 +249,7 @@ def seed_catalog(catalog: Any) -> bool:
     from engine import defaults, digest
     from engine.catalog import AdapterSpec
     from engine.errors import StudioError, UnknownNameError
-    from engine.statefile import _notice
+    from engine.statefile import add_notice
 
     folder = resources_dir()
     adapter, record_path = folder / SHIPPED_ADAPTER, folder / SHIPPED_PROVENANCE
@@ -261,7 +261,7 @@ def seed_catalog(catalog: Any) -> bool:
         if record.get("base_sha256") != base["sha256"]:
             return False  # trained for another base: not offered
         if digest.hash_uncached(adapter)[0] != record.get("adapter_sha256"):
-            _notice("the shipped demo adapter does not match its provenance record; "
+            add_notice("the shipped demo adapter does not match its provenance record; "
                     "it was not added")
             return False
         catalog.add_adapter(ADAPTER_NAME, base["name"], adapter,
@@ -274,6 +274,6 @@ def seed_catalog(catalog: Any) -> bool:
             catalog.remove(ADAPTER_NAME)
         except (StudioError, UnknownNameError):
             pass
-        _notice(f"the shipped demo could not be added: {exc}")
+        add_notice(f"the shipped demo could not be added: {exc}")
         return False
     return True
