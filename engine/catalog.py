@@ -83,8 +83,9 @@ class Catalog:
     """Operations over the catalog file. Cheap to create; holds no open resources."""
 
     state: StateFile = field(default_factory=lambda: StateFile(paths.catalog_file(), _empty))
-    _base_info_cache: dict[tuple[str, str], BaseModelInfo] = field(default_factory=dict)
-    _adapter_info_cache: dict[tuple[str, str], AdapterInfo] = field(default_factory=dict)
+    # Inspections of stored files, per (path, sha256): the same bytes inspect the same.
+    _inspected: dict[tuple[str, str], BaseModelInfo | AdapterInfo] = field(
+        default_factory=dict)
 
     # ------------------------------------------------------------------ reading
 
@@ -166,13 +167,18 @@ class Catalog:
 
     def base_info(self, record: dict[str, Any]) -> BaseModelInfo:
         """Inspect a base model's file (memoised per path and digest)."""
+        info = self._inspect(record)
+        if not isinstance(info, BaseModelInfo):
+            raise RefusedError(f"{record['name']}: {record['path']} is no longer a base model")
+        return info
+
+    def _inspect(self, record: dict[str, Any]) -> BaseModelInfo | AdapterInfo:
+        """`artifacts.inspect_path` of a record's file, memoised per path and digest
+        (callers check the digest against the record first)."""
         key = (record["path"], record["sha256"])
-        if key not in self._base_info_cache:
-            info = artifacts.inspect_path(Path(record["path"]))
-            if not isinstance(info, BaseModelInfo):
-                raise RefusedError(f"{record['name']}: {record['path']} is no longer a base model")
-            self._base_info_cache[key] = info
-        return self._base_info_cache[key]
+        if key not in self._inspected:
+            self._inspected[key] = artifacts.inspect_path(Path(record["path"]))
+        return self._inspected[key]
 
     def verify_base(self, name: str, progress: digest.Progress | None = None,
                     cancelled: digest.CancelCheck | None = None) -> BaseStatus:
@@ -356,13 +362,10 @@ class Catalog:
     def adapter_info(self, record: dict[str, Any]) -> AdapterInfo:
         """Inspect a stored adapter file (memoised per path and digest, like
         `base_info`: call it once the file's digest was checked against the record)."""
-        key = (record["path"], record["sha256"])
-        if key not in self._adapter_info_cache:
-            info = artifacts.inspect_path(Path(record["path"]))
-            if not isinstance(info, AdapterInfo):
-                raise RefusedError(f"adapter {record['name']}: stored file is not an adapter")
-            self._adapter_info_cache[key] = info
-        return self._adapter_info_cache[key]
+        info = self._inspect(record)
+        if not isinstance(info, AdapterInfo):
+            raise RefusedError(f"adapter {record['name']}: stored file is not an adapter")
+        return info
 
     def recheck_adapter(self, name: str, base: str | None = None) -> validation.Report:
         """Re-verify a stored adapter: its bytes, then every compatibility check.

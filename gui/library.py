@@ -82,7 +82,7 @@ def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
     pending = openvino_default.pending_entry(catalog)
     if pending is not None:  # listed before its first use, like `variant-studio list`
         out["models"].append(Entry(pending["name"], "model", pending["summary"],
-                                   ("OpenVINO", "curated", "not built"), None))
+                                   (BACKEND_LABELS["openvino"], "curated", "not built"), None))
     for record in data["adapters"].values():
         meta = record["metadata"]
         badges = [BACKEND_LABELS.get(record["backend"], record["backend"]),

@@ -28,29 +28,17 @@ from engine.errors import RefusedError, StudioError
 from engine.spec import resolve
 from tests import factories as f
 from tests.test_hostile import CASES, Case, Workshop, build
-from tests.test_hostile_engine import true_digest
+from tests.test_hostile_engine import TIMEOUT, EngineWorld, params, true_digest
 from tests.test_openvino_helpers import Home, register_default
 
 OV = openvino_default.NAME
 # Every PEFT-surface case; the expected reason is the CLI's (the same validation runs).
 OV_CASES = [c for c in CASES if c.surface == "peft"]
-PROMPT = {"text": "Hello", "chat": True}
-SAMPLING = {"temperature": 0.0, "max_tokens": 2, "repeat_penalty": 1.0}
-TIMEOUT = 120  # seconds; a request still running then is a hang
 
 
 @dataclass
-class OvWorld:
-    catalog: Catalog
-    client: EngineClient
-    workshop: Workshop
-    pid: int
+class OvWorld(EngineWorld):
     compiled: dict[str, Any]  # the resident's LoRA state before any hostile case
-
-
-def params(spec: dict[str, Any]) -> dict[str, Any]:
-    spec["identity"]["context"]["n_ctx"] = 512
-    return {"spec": spec, "prompt": PROMPT, "sampling": SAMPLING}
 
 
 def lora_state(client: EngineClient) -> dict[str, Any]:

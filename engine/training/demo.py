@@ -262,7 +262,7 @@ def seed_catalog(catalog: Any) -> bool:
             return False  # trained for another base: not offered
         if digest.hash_uncached(adapter)[0] != record.get("adapter_sha256"):
             add_notice("the shipped demo adapter does not match its provenance record; "
-                    "it was not added")
+                       "it was not added")
             return False
         catalog.add_adapter(ADAPTER_NAME, base["name"], adapter,
                             source="shipped demo (resources/demo), trained by variant-studio",
