@@ -50,7 +50,7 @@ def main(import_path: str | None = None, check: bool = False) -> int:
             wizards = window.findChildren(ImportDialog)
             print(json.dumps({
                 "title": window.windowTitle(), "visible": window.isVisible(),
-                "icon": not app.windowIcon().isNull(),
+                "icon": not app.windowIcon().isNull(), "desktop_file": app.desktopFileName(),
                 "models": model.names("model"), "adapters": model.names("adapter"),
                 "variants": model.names("variant"),
                 "selected": (window.library.current() or ("", ""))[1],

@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
 
 from engine.catalog import Catalog
 from engine.errors import StudioError
-from engine.spec import resolve
+from engine.spec import SessionSpec, resolve
 from gui.backend_picker import BackendPicker
 from gui.engine_client import QtEngineClient
 
@@ -273,7 +273,7 @@ class CompareView(QWidget):
         self._update_buttons()
 
     @staticmethod
-    def _titles(name: str, spec: Any) -> tuple[str, str]:
+    def _titles(name: str, spec: SessionSpec) -> tuple[str, str]:
         return (f"<b>Base</b> · {html.escape(spec.base_name)} · {spec.backend} · "
                 f"<code>{spec.identity.base_only().short}</code>",
                 f"<b>Variant</b> · {html.escape(name)} · {spec.backend} · "

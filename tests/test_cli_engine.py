@@ -62,7 +62,7 @@ def test_sampling_and_system_flags_reach_the_engine(studio_home: Path,
     greedy = gen("--temperature", "0")
     assert gen("--temperature", "1.5", "--top-k", "1", "--seed", "5")["token_ids"] == \
         greedy["token_ids"]
-    # The system prompt replaces the template's default one in the rendered prompt.
+    # The system prompt reaches the rendered prompt (and changes the answer).
     pirate = gen("--temperature", "0", "--system", "You are a pirate. Always say Arr.")
     assert pirate["prompt_tokens"] != greedy["prompt_tokens"]
     assert pirate["token_ids"] != greedy["token_ids"]

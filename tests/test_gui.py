@@ -22,15 +22,7 @@ from engine.defaults import DEFAULT_MODEL_NAME
 from gui.main_window import MainWindow
 from tests import factories as f
 from tests.engine_helpers import populate
-
-LONG = 600_000  # ms: generous upper bounds for CI under load; never waited out normally
-
-
-def wait_step(qtbot, dialog) -> None:
-    """Wait until the wizard step's background work (inspection) has been applied."""
-    if dialog.step_task is not None:
-        with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
-            pass
+from tests.gui_helpers import LONG, wait_step
 
 
 @pytest.fixture

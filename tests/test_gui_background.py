@@ -29,8 +29,8 @@ from gui.settings_dialog import SettingsDialog
 from gui.wizard import ImportDialog
 from tests import factories as f
 from tests.engine_helpers import populate
+from tests.gui_helpers import LONG, drive_modal, wait_step
 
-LONG = 600_000  # ms: an upper bound for a loaded CI machine, never waited out normally
 GATE = 120  # s: how long a held worker waits for the GUI thread before giving up
 
 
@@ -44,12 +44,6 @@ def threads_text(count: int) -> str:
 
 def catalog_bytes() -> bytes:
     return Path(Catalog().state.path).read_bytes()
-
-
-def wait_step(qtbot, dialog: ImportDialog) -> None:
-    if dialog.step_task is not None:
-        with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
-            pass
 
 
 def to_details(qtbot, dialog: ImportDialog) -> None:
@@ -104,15 +98,12 @@ def test_a_thread_change_in_settings_reaches_the_restarted_engine(window: MainWi
     target = 3 if before["n_threads"] != 3 else 2
     assert window.threads_label.text() == threads_text(before["n_threads"])
 
-    def change_threads() -> None:
-        dialog = next((d for d in window.findChildren(SettingsDialog) if d.isVisible()), None)
-        if dialog is None:
-            QTimer.singleShot(0, change_threads)  # the modal dialog is not up yet
-            return
+    def change_threads(dialog: SettingsDialog) -> None:
         dialog.threads.setValue(target)
         dialog.save()  # OK: saves and accepts
 
-    QTimer.singleShot(0, change_threads)
+    drive_modal(lambda: next((d for d in window.findChildren(SettingsDialog)
+                              if d.isVisible()), None), change_threads)
     with qtbot.waitSignal(window.client.described, timeout=LONG,
                           check_params_cb=lambda info: info["pid"] != before["pid"]) as after:
         window.open_settings()  # thread changes restart the engine

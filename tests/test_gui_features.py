@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QMimeData, QPoint, QPointF, QSettings, Qt, QTimer, QUrl
+from PySide6.QtCore import QMimeData, QPoint, QPointF, QSettings, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QMessageBox
 
@@ -33,8 +33,8 @@ from gui.settings_dialog import SettingsDialog
 from gui.wizard import ImportDialog
 from tests import factories as f
 from tests.engine_helpers import BASE, populate
+from tests.gui_helpers import LONG, SHORT, drive_modal
 
-LONG = 600_000  # ms: an upper bound for a loaded CI machine, never waited out normally
 FAST = {"max_tokens": 8, "temperature": 0.0, "repeat_penalty": 1.0}
 POEM = "Write a short poem about the sea."
 
@@ -62,7 +62,7 @@ def open_window(qtbot):
         qtbot.addWidget(win)
         made.append(win)
         win.show()
-        qtbot.waitUntil(lambda: bool(win.library.model.names("model")), timeout=LONG)
+        assert win.library.model.names("model")  # the window opens on a loaded library
         return win
 
     yield make
@@ -108,22 +108,6 @@ def wizard_next(qtbot, dialog: ImportDialog) -> None:
     dialog.next()
 
 
-def drive_modal(find, act) -> None:
-    """Run `act(dialog)` once the modal dialog that `find()` returns is up."""
-    def attempt() -> None:
-        dialog = find()
-        if dialog is None or not dialog.isVisible():
-            QTimer.singleShot(0, attempt)  # the next turn of the dialog's own event loop
-            return
-        try:
-            act(dialog)
-        finally:
-            if dialog.isVisible():
-                dialog.reject()  # never leave exec() hanging
-
-    QTimer.singleShot(0, attempt)
-
-
 # --------------------------------------------------------------------------- drag and drop
 
 
@@ -165,8 +149,7 @@ def test_dropping_an_adapter_file_opens_the_import_wizard_on_it(
     QApplication.sendEvent(win, enter)
     assert enter.isAccepted()
     QApplication.sendEvent(win, drop)
-    qtbot.waitUntil(lambda: len(import_dialogs(win)) == 1, timeout=LONG)
-    dialog = import_dialogs(win)[0]
+    (dialog,) = import_dialogs(win)  # the drop opens the wizard at once
     qtbot.waitUntil(lambda: dialog.state.info is not None, timeout=LONG)
     assert dialog.state.path == source and dialog.path.text() == str(source)
     assert dialog.state.error is None and dialog.state.name == "dropped"
@@ -217,11 +200,11 @@ def test_a_new_window_restores_geometry_splitters_tab_and_selection(
     # screen; this window is at least 806 wide, so only its height can be told apart
     # from the default (1280 x 800) after a restore.
     first.resize(first.minimumWidth(), 711)
-    qtbot.waitUntil(lambda: first.height() == 711, timeout=LONG)
+    qtbot.waitUntil(lambda: first.height() == 711, timeout=SHORT)
     first.splitter.setSizes([211, first.splitter.width() - 211 - first.splitter.handleWidth()])
     first.tabs.setCurrentWidget(first.compare)
     first.select("vb")
-    qtbot.waitUntil(lambda: selected(first) == "vb", timeout=LONG)
+    qtbot.waitUntil(lambda: selected(first) == "vb", timeout=SHORT)
     first.chat.splitter.setSizes([240, 600])
     splitter, chat_splitter = first.splitter.sizes(), first.chat.splitter.sizes()
     first.close()
@@ -418,7 +401,8 @@ def test_after_a_removal_the_panes_no_longer_show_the_removed_variant(
     win.detail.buttons["remove"].click()
     qtbot.waitUntil(lambda: "vb" not in win.library.model.names("variant"), timeout=LONG)
     qtbot.waitUntil(lambda: (win.detail.entry or {}).get("name") != "vb"
-                    and win.chat.model_name != "vb", timeout=5_000)
+                    and win.chat.model_name != "vb", timeout=SHORT)
+    assert win.compare.variant.findText("vb") < 0
 
 
 PROFILE = {"system_prompt": "Answer in French, briefly.", "n_ctx": 2048,
@@ -842,7 +826,8 @@ def test_the_import_summary_shows_a_hostile_file_name_escaped(
     wizard_next(qtbot, dialog)
     text = dialog.summary.toPlainText()
     dialog.reject()
-    assert "gguf" in text and all_printable(text)
+    # The name is there, with its RTL override and escape shown as escapes.
+    assert "evil\\u202egguf.\\x1b[0m.gguf" in text and all_printable(text)
 
 
 # --------------------------------------------------------------------------- demo provenance

@@ -22,8 +22,8 @@ from gui.library import BadgesRole
 from gui.main_window import MainWindow
 from gui.wizard import ImportDialog
 from tests import factories as f
+from tests.gui_helpers import LONG
 
-LONG = 600_000  # ms: an upper bound for a loaded CI machine, never waited out normally
 SOURCE = "https://example.org/loras/poet.gguf"
 PROMPT = "Write a short poem about the sea."
 

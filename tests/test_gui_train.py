@@ -12,6 +12,7 @@ from engine.catalog import Catalog
 from engine.defaults import DEFAULT_MODEL_NAME as BASE
 from engine.training import torch_available
 from gui.train_page import TrainPage
+from tests.gui_helpers import LONG
 
 pytestmark = pytest.mark.skipif(not torch_available(),
                                 reason="PyTorch (the [train] extra) is not installed")
@@ -53,7 +54,7 @@ def test_short_training_lands_on_the_new_variant(qtbot, page: TrainPage,
     page.client.progress.connect(lambda e: steps.append(e["step"]))
     warnings: list[str] = []
     page.client.warning.connect(warnings.append)
-    with qtbot.waitSignal(page.variantCreated, timeout=600_000) as created:
+    with qtbot.waitSignal(page.variantCreated, timeout=LONG) as created:
         page.start_button.click()
         assert page.busy() and not page.start_button.isEnabled()
         assert page.cancel_button.isEnabled() and not page.steps.isEnabled()
@@ -75,7 +76,7 @@ def test_cancel_stops_the_run_and_imports_nothing(qtbot, page: TrainPage,
                                                   tmp_path: Path) -> None:
     fill(page, small_data(tmp_path / "d.jsonl"), "gui-c", 200)
     page.save_every.setValue(1)
-    with qtbot.waitSignal(page.client.progress, timeout=600_000):
+    with qtbot.waitSignal(page.client.progress, timeout=LONG):
         page.start_button.click()
     with qtbot.assertNotEmitted(page.variantCreated), \
             qtbot.assertNotEmitted(page.client.finished), \
@@ -121,7 +122,7 @@ def test_a_run_from_the_window_lands_on_the_new_variant(qtbot, window, tmp_path:
     page = window.train
     window.tabs.setCurrentWidget(page)
     fill(page, small_data(tmp_path / "d.jsonl"), "win-a", 2)
-    with qtbot.waitSignal(page.variantCreated, timeout=600_000):
+    with qtbot.waitSignal(page.variantCreated, timeout=LONG):
         page.start_button.click()
     qtbot.waitUntil(lambda: window.library.current() == ("variant", "win-a-v"),
                     timeout=60_000)

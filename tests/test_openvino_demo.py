@@ -31,8 +31,14 @@ HELDOUT_ROWS = 8
 def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Catalog]:
     first_build(tmp_path_factory)  # the session's build: the CLI below finds it cached
     home = Home(tmp_path_factory.mktemp("ov-demo") / "home")
+
+    def no_build(progress: Any) -> dict[str, Any]:
+        raise AssertionError("the OpenVINO default was built again: the cache was missed")
+
     try:
-        assert cli.main(["model", "openvino-default"]) == 0
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(openvino_default, "engine_builder", no_build)
+            assert cli.main(["model", "openvino-default"]) == 0
         yield Catalog()
     finally:
         home.restore()

@@ -145,8 +145,11 @@ def with_unknown_layer(folder: Path, source: Path, base_info) -> Path:
     weights = folder / "adapter_model.safetensors"
     tensors = load_file(str(weights))
     rng = np.random.default_rng(9)
-    for key, out_f in zip(UNKNOWN_LAYER, (576, 192), strict=True):
-        tensors[f"{key}.lora_A.weight"] = rng.normal(0, 0.05, (8, 576)).astype(np.float32)
+    shapes = base_info.module_shapes()
+    for key in UNKNOWN_LAYER:
+        # Shaped like layer 0's projection of the same role: only the layer is wrong.
+        out_f, in_f = shapes[key.removeprefix("base_model.model.").replace(".99.", ".0.")]
+        tensors[f"{key}.lora_A.weight"] = rng.normal(0, 0.05, (8, in_f)).astype(np.float32)
         tensors[f"{key}.lora_B.weight"] = rng.normal(0, 0.05, (out_f, 8)).astype(np.float32)
     save_file(tensors, str(weights), metadata={"format": "pt"})
     return folder
@@ -237,8 +240,8 @@ def test_parity_command_reports_kl_agreement_backends_and_no_openvino_warning(
     assert found["via"] == "vs" and found["genai"] is True
     assert found["openvino_warnings"] == [] and found["unused_lora_tensors"] == []
     assert found["max_kl"] == result["max_kl"]
-    assert {"name": "cross-check (openvino)", "status": "pass"}.items() <= next(
-        c for c in shown["checks"] if c["name"] == "cross-check (openvino)").items()
+    assert next(c for c in shown["checks"]
+                if c["name"] == "cross-check (openvino)")["status"] == "pass"
     assert shown["files"]["llama"]["cross_check"] is None  # nothing checked it there
 
 
@@ -255,6 +258,8 @@ def test_openvino_warnings_reach_the_parity_report_and_the_adapters_show(
     assert "stderr: " in text and "There unused LoRA tensors" in text
     assert cli.main(["show", "extra", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
+    # Our own coverage check had already warned about it, and accepted it.
+    assert shown["files"]["openvino"]["status"] == "warn"
     check = next(c for c in shown["checks"] if c["name"] == "cross-check (openvino)")
     assert check["status"] == "warn" and "unused LoRA tensors: 2" in check["detail"]
     assert sorted(shown["files"]["openvino"]["cross_check"]["unused_lora_tensors"]) == (

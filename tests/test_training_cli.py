@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -338,7 +339,8 @@ def test_docs_describe_every_train_flag_and_data_key() -> None:
     flags = [o for a in train_parser._actions for o in a.option_strings
              if o not in ("-h", "--help")]
     assert len(flags) >= 18
-    missing = [f for f in flags if f"`{f}" not in docs]
+    # The whole flag, so `--dpo-beta` does not count as documenting `--dpo`.
+    missing = [f for f in flags if not re.search(rf"`{re.escape(f)}(?![\w-])", docs)]
     assert not missing, f"docs/training.md does not document {missing}"
     keys = ["text", "prompt", "completion", "messages", "chosen", "rejected", "weight",
             *sorted(data_mod.EXTRA_KEYS)]
