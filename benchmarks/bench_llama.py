@@ -19,6 +19,8 @@ import time
 from typing import Any
 
 from benchmarks.common import median, scratch_home, write
+from engine.curated import setup
+from engine.catalog import imports
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
@@ -29,14 +31,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
     scratch_home()
-    from engine import artifacts, defaults
-    from engine.catalog import AdapterSpec, Catalog
-    from engine.client import EngineClient
-    from engine.spec import resolve
+    from engine.formats import artifacts
+    from engine.curated import embedded as defaults
+    from engine.catalog.store import AdapterSpec, Catalog
+    from engine.runtime.client import EngineClient
+    from engine.catalog.resolve import resolve
     from tests import factories
 
     catalog = Catalog()
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
     base = defaults.DEFAULT_MODEL_NAME
     info = artifacts.inspect_path(defaults.embedded_model_path())
     import tempfile
@@ -44,7 +47,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp())
     for name, seed in (("bench-a", 1), ("bench-b", 2)):
-        catalog.add_adapter(name, base, factories.write_gguf_lora(
+        imports.add_adapter(catalog, name, base, factories.write_gguf_lora(
             tmp / f"{name}.gguf", info, seed=seed, strength=0.05))
     catalog.add_variant("va", base, [AdapterSpec("bench-a", 1.0)])
     catalog.add_variant("vb", base, [AdapterSpec("bench-b", 1.0)])
@@ -153,7 +156,7 @@ def _model_twice(path: str) -> dict[str, float]:
 
     code = (
         "import sys\n"
-        "from engine.llama_backend import LlamaModel, LlamaContext\n"
+        "from engine.runtime.llama.backend import LlamaModel, LlamaContext\n"
         "def rss():\n"
         "    return int(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])"
         " * 1024\n"

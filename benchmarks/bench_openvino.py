@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import median, scratch_home, write
+from engine.curated import setup
+from engine.catalog import imports
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
@@ -36,14 +38,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     args = parser.parse_args()
     scratch_home()
-    from engine import artifacts, defaults, openvino_default
-    from engine.catalog import AdapterSpec, Catalog
-    from engine.client import EngineClient
-    from engine.spec import resolve
+    from engine.formats import artifacts
+    from engine.curated import embedded as defaults, openvino_default
+    from engine.catalog.store import AdapterSpec, Catalog
+    from engine.runtime.client import EngineClient
+    from engine.catalog.resolve import resolve
     from tests import factories
 
     catalog = Catalog()
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
     started = time.perf_counter()
     ov = openvino_default.ensure_default(catalog)["name"]
     build_or_register_s = time.perf_counter() - started
@@ -51,12 +54,12 @@ def main() -> None:
     info = artifacts.inspect_path(defaults.embedded_model_path())
     tmp = Path(tempfile.mkdtemp())
     f16 = Path(catalog.model(ov)["built_from"]["f16_gguf"])
-    catalog.add_model("llama-f16", f16, "llama")
+    imports.add_model(catalog, "llama-f16", f16, "llama")
     source = factories.write_gguf_lora(tmp / "a.gguf", info, seed=1, strength=0.05)
-    catalog.add_adapter("bench-a", llama, source)
-    catalog.convert_adapter("bench-a", "openvino")
-    catalog.add_adapter("bench-a16", "llama-f16", source)
-    catalog.add_adapter("bench-b", ov, factories.write_peft_lora(tmp / "b", info, seed=2,
+    imports.add_adapter(catalog, "bench-a", llama, source)
+    imports.convert_adapter(catalog, "bench-a", "openvino")
+    imports.add_adapter(catalog, "bench-a16", "llama-f16", source)
+    imports.add_adapter(catalog, "bench-b", ov, factories.write_peft_lora(tmp / "b", info, seed=2,
                                                                  strength=0.05))
     catalog.add_variant("va", llama, [AdapterSpec("bench-a", 1.0)])
     catalog.add_variant("va16", "llama-f16", [AdapterSpec("bench-a16", 1.0)])
@@ -185,7 +188,7 @@ class _GenaiPipeline:
     def __init__(self, folder: str, tokens: int) -> None:
         import openvino_genai
 
-        from engine.openvino_backend import COMPILE_CONFIG
+        from engine.runtime.openvino.backend import COMPILE_CONFIG
 
         props = {k: v for k, v in COMPILE_CONFIG.items()
                  if k in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")}
@@ -215,7 +218,7 @@ def _cpu_seconds(pid: int | None) -> float:
 
 
 def _fresh_rss(resolve: Any, catalog: Any, sampling: dict[str, Any], names: list[str]) -> int:
-    from engine.client import EngineClient
+    from engine.runtime.client import EngineClient
 
     client = EngineClient()
     try:

@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from engine.curated import setup
+from engine.catalog import imports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,14 +50,14 @@ def main() -> int:
     os.environ["VARIANT_STUDIO_HOME"] = str(home)
     sys.path.insert(0, str(ROOT))
 
-    from engine import defaults
-    from engine.catalog import Catalog
+    from engine.curated import embedded as defaults
+    from engine.catalog.store import Catalog
     from engine.training import demo, demo_eval
     from engine.training.client import TrainingJob
     from engine.training.job import TrainRequest
 
     catalog = Catalog()
-    catalog.ensure_initialized(demo=True)
+    setup.first_run(catalog, with_demo=True)
     base = defaults.DEFAULT_MODEL_NAME
     results: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     folder = demo.resources_dir()
@@ -108,12 +110,12 @@ def main() -> int:
     results["drift"] = demo_eval.drift(model_path, adapter_path)
     log(json.dumps(results["drift"]))
     if args.openvino:
-        from engine import openvino_default
+        from engine.curated import openvino_default
 
         log("building / finding the OpenVINO default…")
         ov = openvino_default.ensure_default(catalog)
         adapter_name = "demo-trained" if args.train else demo.ADAPTER_NAME
-        entry = catalog.convert_adapter(adapter_name, "openvino", ov["name"])
+        entry = imports.convert_adapter(catalog, adapter_name, "openvino", ov["name"])
         log(f"held-out accuracy on OpenVINO (PEFT sha256 {entry['sha256'][:16]}…)…")
         results["openvino"] = demo_eval.evaluate(catalog, variant, rows, backend="openvino",
                                                  progress=progress)

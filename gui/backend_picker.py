@@ -11,8 +11,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QWidget
 
-from engine.catalog import Catalog
+from engine.catalog.store import Catalog
 from engine.errors import StudioError
+from engine.catalog import resolve
 
 LABELS = {"llama": "llama.cpp", "openvino": "OpenVINO"}
 
@@ -29,7 +30,7 @@ class BackendPicker(QComboBox):
         if name is None:
             return
         try:
-            options = catalog.backends_for(name)
+            options = resolve.backends_for(catalog, name)
         except StudioError:
             return
         for backend, reason in options:

@@ -25,11 +25,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import conversations, settings
-from engine.catalog import Catalog
-from engine.conversations import ChatMessage, Conversation
+from engine.state import conversations, settings
+from engine.catalog.store import Catalog
+from engine.state.conversations import ChatMessage, Conversation
 from engine.errors import StudioError
-from engine.spec import SessionSpec, resolve
+from engine.catalog.resolve import SessionSpec, resolve
 from gui.backend_picker import LABELS, BackendPicker
 from gui.engine_client import QtEngineClient
 from gui.render import markdown_html

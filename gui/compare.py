@@ -33,9 +33,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog import Catalog
+from engine.catalog.store import Catalog
 from engine.errors import StudioError
-from engine.spec import SessionSpec, resolve
+from engine.catalog.resolve import SessionSpec, resolve
 from gui.backend_picker import BackendPicker
 from gui.engine_client import QtEngineClient
 

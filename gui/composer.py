@@ -29,9 +29,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import validation
-from engine.catalog import DEFAULT_PROFILE, AdapterSpec, Catalog
+from engine.catalog import validation
+from engine.catalog.store import DEFAULT_PROFILE, AdapterSpec, Catalog
 from engine.errors import StudioError
+from engine.catalog import resolve
 
 SLIDER_STEPS = 100  # slider units per 1.0 of scale
 
@@ -222,7 +223,7 @@ class ComposerDialog(QDialog):
 
     def _preview(self) -> None:
         try:
-            ident = self.catalog.identity_of_parts(self.base.currentText(), self.specs(),
+            ident = resolve.identity_of_parts(self.catalog, self.base.currentText(), self.specs(),
                                                    self.n_ctx.value())
             self.identity.setText(f"Identity key: <code>{ident.key}</code>")
             problem = self._problem()

@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.entries import provenance_lines
-from engine.safeio import printable
+from engine.catalog.entries import provenance_lines
+from engine.formats.safeio import printable
 
 STATUS_ICONS = {"pass": ("✓", "#1f9d55"), "warn": ("!", "#c07a00"), "fail": ("✗", "#d23c3c")}
 

@@ -1,25 +1,31 @@
 """The only bridge between the window and the engine process.
 
-Wraps engine.client.EngineClient (which delivers events on a reader thread) into Qt
-signals on the GUI thread. Token events are buffered and delivered at most every
-`FLUSH_MS` milliseconds, so a fast model cannot flood the event loop; a request that
-was stopped delivers nothing but its `cancelled` signal. When the engine process
-dies, `stateChanged("crashed", reason)` fires and the next request starts a fresh
-engine. Each engine process gets its environment from the settings as they are when
-it starts (`engine_environment`), so a restart applies a changed thread count.
+Wraps engine.runtime.client.EngineClient (which delivers typed events on a reader
+thread) into Qt objects on the GUI thread. `submit` returns a `Reply` per request,
+the way `QNetworkAccessManager` returns a `QNetworkReply`: the view that asked
+connects to that reply's own signals and hears nothing of other requests. Token
+events are buffered and delivered at most every `FLUSH_MS` milliseconds, so a fast
+model cannot flood the event loop; a reply that was stopped delivers nothing but its
+`cancelled` signal. A reply can also be awaited (with qasync's event loop), which reads
+better than chained callbacks for one-shot work. When the engine process dies,
+`stateChanged("crashed", reason)` fires and the next request starts a fresh engine.
+Each engine process gets its environment from the settings as they are when it starts
+(`engine_environment`), so a restart applies a changed thread count.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from engine import settings
-from engine.client import EngineClient, RequestHandle
-from engine.protocol import error_from_payload
+from engine.errors import Cancelled, StudioError
+from engine.runtime import messages as m
+from engine.runtime.client import EngineClient, RequestHandle
+from engine.state import settings
 
 FLUSH_MS = 50
 
@@ -27,9 +33,9 @@ FLUSH_MS = 50
 def engine_environment() -> dict[str, str]:
     """The environment of an engine process started now: ours plus the settings.
 
-    Read at every start (engine/host.py reads VARIANT_STUDIO_THREADS once, when it
-    starts), so changing the threads in Settings and restarting takes effect.
-    Threads 0 means automatic: an inherited VARIANT_STUDIO_THREADS then still holds.
+    Read at every start (the host reads VARIANT_STUDIO_THREADS once, when it starts),
+    so changing the threads in Settings and restarting takes effect. Threads 0 means
+    automatic: an inherited VARIANT_STUDIO_THREADS then still holds.
     """
     env = dict(os.environ)
     threads = settings.load().threads
@@ -38,26 +44,126 @@ def engine_environment() -> dict[str, str]:
     return env
 
 
+class Reply(QObject):
+    """One engine request as seen by the view that made it (GUI thread only).
+
+    Exactly one of `finished`, `failed` or `cancelled` fires, then `done`.
+    """
+
+    # side ("main", "base", "variant"), text since the last delivery, and per token
+    # since the last delivery: [token id, logprob, text]
+    tokens = Signal(str, str, list)
+    progress = Signal(str, float)  # stage, fraction
+    finished = Signal(object)  # the result
+    failed = Signal(str, list)  # message, details
+    cancelled = Signal()
+    done = Signal()
+
+    def __init__(self, client: QtEngineClient, request: m.Request) -> None:
+        # No Qt parent: the view that holds the reply owns it (Python frees it after).
+        super().__init__()
+        self.request = request
+        self.op = request.OP
+        self.client = client
+        self.handle: RequestHandle | None = None
+        self.outcome: str | None = None  # finished | failed | cancelled
+        self.result: Any = None
+        self.error: StudioError | None = None
+        self._stopped = False
+        self._buffers: dict[str, tuple[list[str], list]] = {}
+
+    @property
+    def id(self) -> str:
+        return self.handle.id if self.handle is not None else ""
+
+    def is_done(self) -> bool:
+        return self.outcome is not None
+
+    def stop(self) -> None:
+        """Stop the request: no token is delivered for it after this call."""
+        if self.outcome is not None or self._stopped:
+            return
+        self._stopped = True
+        self._buffers.clear()
+        if self.handle is not None:
+            self.client._client.cancel(self.handle)
+
+    # ---------------------------------------------------------------- awaiting
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        """`result = await reply` inside a qasync coroutine; raises the request's error
+        (or Cancelled)."""
+        future: asyncio.Future = asyncio.get_event_loop().create_future()
+
+        def settle() -> None:
+            if future.done():
+                return
+            if self.outcome == "finished":
+                future.set_result(self.result)
+            elif self.outcome == "cancelled":
+                future.set_exception(Cancelled(f"{self.op} cancelled"))
+            else:
+                future.set_exception(self.error or StudioError(f"{self.op} failed"))
+
+        if self.is_done():
+            settle()
+        else:
+            self.done.connect(settle)
+        return future.__await__()
+
+    # ---------------------------------------------------------------- events
+
+    def _event(self, event: m.Event) -> None:
+        if isinstance(event, m.Token):
+            if self._stopped:
+                return
+            texts, toks = self._buffers.setdefault(event.side, ([], []))
+            texts.append(event.text)
+            toks.append([event.token_id, event.logprob, event.text])
+            self.client._schedule_flush()
+            return
+        if isinstance(event, m.Progress):
+            if not self._stopped:
+                self.progress.emit(event.stage, event.fraction)
+            return
+        # A terminal event: deliver what is buffered first, so nothing arrives late.
+        self.flush()
+        if isinstance(event, m.Finished):
+            self.outcome, self.result = "finished", event.result
+            self.finished.emit(event.result)
+        elif isinstance(event, m.Cancelled) or self._stopped:
+            self.outcome = "cancelled"
+            self.cancelled.emit()
+        else:
+            assert isinstance(event, m.Failed)
+            self.outcome, self.error = "failed", event.error
+            self.failed.emit(event.error.message, list(event.error.details))
+        self.done.emit()
+        self.client._ended(self)
+
+    def flush(self) -> None:
+        buffers, self._buffers = self._buffers, {}
+        if self._stopped:
+            return
+        for side, (texts, toks) in buffers.items():
+            self.tokens.emit(side, "".join(texts), toks)
+
+    def has_buffered(self) -> bool:
+        return bool(self._buffers)
+
+
 class QtEngineClient(QObject):
-    # request id, side ("main", "base", "variant"), text since the last delivery,
-    # and per token since the last delivery: [token id, logprob, text]
-    tokens = Signal(str, str, str, list)
-    progress = Signal(str, dict)
-    finished = Signal(str, object)
-    failed = Signal(str, str, list)
-    cancelled = Signal(str)
     stateChanged = Signal(str, str)
     described = Signal(dict)
-    _raw = Signal(object)
+    requestFailed = Signal(str, str)  # op, message (any request's failure, for a status line)
+    _raw = Signal(object, object)  # reply, event: from the reader thread to the GUI thread
     _state = Signal(str, str)
 
     def __init__(self, parent: QObject | None = None,
                  env: Callable[[], dict[str, str]] = engine_environment) -> None:
         super().__init__(parent)
         self._client = EngineClient(env=env, on_state=self._state.emit)
-        self._handles: dict[str, RequestHandle] = {}
-        self._buffers: dict[tuple[str, str], tuple[list[str], list]] = {}
-        self._stopped: set[str] = set()
+        self._replies: set[Reply] = set()
         self._raw.connect(self._on_raw)
         self._state.connect(self._on_state)
         self._timer = QTimer(self)
@@ -68,33 +174,19 @@ class QtEngineClient(QObject):
 
     # ---------------------------------------------------------------- requests
 
-    def submit(self, op: str, params: dict[str, Any] | None = None) -> str:
-        handle = self._client.submit(op, params, self._raw.emit)
-        self._handles[handle.id] = handle
-        return handle.id
+    def submit(self, request: m.Request) -> Reply:
+        reply = Reply(self, request)
+        self._replies.add(reply)
+        reply.handle = self._client.submit(request, lambda event: self._raw.emit(reply, event))
+        return reply
 
-    def generate(self, params: dict[str, Any]) -> str:
-        return self.submit("generate", params)
+    def describe(self) -> Reply:
+        return self.submit(m.Describe())
 
-    def compare(self, params: dict[str, Any]) -> str:
-        return self.submit("compare", params)
-
-    def describe(self) -> str:
-        return self.submit("describe")
-
-    def stop(self, request_id: str) -> None:
-        """Stop a request: no token is delivered for it after this call."""
-        handle = self._handles.get(request_id)
-        if handle is None:
-            return
-        self._stopped.add(request_id)
-        for key in [k for k in self._buffers if k[0] == request_id]:
-            del self._buffers[key]
-        self._client.cancel(handle)
-
-    def is_busy(self) -> bool:
-        return any(not h.done.is_set() for h in self._handles.values()
-                   if h.op in ("generate", "compare"))
+    def busy(self) -> bool:
+        """Is a generation or comparison running?"""
+        return any(isinstance(r.request, m.Generate) and not r.is_done()
+                   for r in self._replies)
 
     def restart(self) -> None:
         """Kill the engine if it runs; the next request starts a fresh one.
@@ -120,48 +212,25 @@ class QtEngineClient(QObject):
         self.state = state
         self.stateChanged.emit(state, detail)
 
-    @Slot(object)
-    def _on_raw(self, message: dict[str, Any]) -> None:
-        request_id = str(message.get("id"))
-        event = message.get("event")
-        if event == "token":
-            if request_id in self._stopped:
-                return
-            key = (request_id, str(message.get("side", "main")))
-            texts, toks = self._buffers.setdefault(key, ([], []))
-            texts.append(message.get("text", ""))
-            toks.append([message.get("token_id"), message.get("logprob"),
-                         message.get("text", "")])
-            if not self._timer.isActive():
-                self._timer.start()
-            return
-        if event == "progress":
-            self.progress.emit(request_id, message)
-            return
-        # A terminal event: deliver what is buffered first, so nothing arrives late.
-        self._flush(request_id)
-        handle = self._handles.pop(request_id, None)
-        stopped = request_id in self._stopped
-        self._stopped.discard(request_id)
-        if event == "finished":
-            result = message.get("result")
-            if handle is not None and handle.op == "describe":
-                self.last_description = result or {}
-                self.described.emit(self.last_description)
-            self.finished.emit(request_id, result)
-        elif event == "cancelled" or stopped:
-            self.cancelled.emit(request_id)
-        else:
-            error = error_from_payload(message.get("error") or {})
-            self.failed.emit(request_id, error.message, list(error.details))
+    @Slot(object, object)
+    def _on_raw(self, reply: Reply, event: m.Event) -> None:
+        reply._event(event)
+
+    def _schedule_flush(self) -> None:
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def _ended(self, reply: Reply) -> None:
+        self._replies.discard(reply)
+        if reply.outcome == "finished" and isinstance(reply.request, m.Describe):
+            self.last_description = reply.result or {}
+            self.described.emit(self.last_description)
+        elif reply.outcome == "failed" and reply.error is not None:
+            self.requestFailed.emit(reply.op, reply.error.message)
 
     @Slot()
-    def _flush(self, only: str | None = None) -> None:
-        for key in list(self._buffers):
-            if only is not None and key[0] != only:
-                continue
-            texts, toks = self._buffers.pop(key)
-            if key[0] not in self._stopped:
-                self.tokens.emit(key[0], key[1], "".join(texts), toks)
-        if not self._buffers:
+    def _flush(self) -> None:
+        for reply in list(self._replies):
+            reply.flush()
+        if not any(r.has_buffered() for r in self._replies):
             self._timer.stop()

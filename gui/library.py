@@ -35,10 +35,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import catalog as catalog_mod
-from engine import openvino_default
-from engine.catalog import Catalog
+from engine.catalog import health
+from engine.catalog import store as catalog_mod
+from engine.curated import openvino_default
+from engine.catalog.store import Catalog
 from engine.errors import StudioError
+from engine.catalog import resolve
 
 SECTIONS = (("models", "Base models"), ("adapters", "Adapters"), ("variants", "Variants"))
 NameRole = Qt.ItemDataRole.UserRole + 1
@@ -67,7 +69,7 @@ def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
     """
     data = catalog.data()
     if problems is None:
-        problems = catalog_mod.status_of_records(catalog, skip=checking)
+        problems = health.status_of_records(catalog, skip=checking)
 
     def badged(name: str, badges: list[str]) -> tuple[str, ...]:
         return (*badges, "unchecked") if name in checking else tuple(badges)
@@ -103,7 +105,7 @@ def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
         if dependency_problems:
             problem = "a part of this variant has a problem: " + dependency_problems[0]
         try:
-            catalog.identity(record["name"])
+            resolve.identity(catalog, record["name"])
         except StudioError as exc:
             problem = exc.message
         out["variants"].append(Entry(

@@ -33,10 +33,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import catalog as catalog_mod
-from engine import openvino_default, paths, settings, statefile
-from engine.catalog import Catalog
-from engine.entries import show_entry
+from engine.catalog import health
+from engine.catalog import store as catalog_mod
+from engine.curated import openvino_default
+from engine.state import paths, settings, statefile
+from engine.catalog.store import Catalog
+from engine.catalog.entries import show_entry
 from engine.errors import StudioError
 from gui import theme
 from gui.chat import ChatView
@@ -49,6 +51,8 @@ from gui.settings_dialog import SettingsDialog
 from gui.tasks import Task
 from gui.train_page import TrainPage
 from gui.wizard import ImportDialog
+from engine.curated import setup
+from engine.catalog import imports
 
 
 class Banner(QFrame):
@@ -90,7 +94,7 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.catalog = catalog or Catalog()
         # The app's first run gets the shipped demo variant, like the CLI's.
-        self.catalog.ensure_initialized(demo=True)
+        setup.first_run(self.catalog, with_demo=True)
         # The client reads the settings (threads) each time it starts an engine.
         self.client = client or QtEngineClient(self)
         self.window_state = QSettings(str(paths.data_dir() / "window.ini"),
@@ -226,7 +230,7 @@ class MainWindow(QMainWindow):
             self._check.cancel()  # this refresh checks again; the old result is stale
             self._check = None
         try:
-            self._checking = catalog_mod.unchecked(self.catalog)
+            self._checking = health.unchecked(self.catalog)
             entries = snapshot(self.catalog, checking=self._checking)
         except StudioError as exc:
             self.statusBar().showMessage(exc.message, 10000)
@@ -251,8 +255,8 @@ class MainWindow(QMainWindow):
         worker = Catalog(self.catalog.state)
 
         def work(progress: Any, cancelled: Any) -> dict[str, list[str]]:
-            catalog_mod.check_files(worker, progress, cancelled)
-            return catalog_mod.status_of_records(worker)
+            health.check_files(worker, progress, cancelled)
+            return health.status_of_records(worker)
 
         task = Task(work, self)
         self._check = task
@@ -276,7 +280,7 @@ class MainWindow(QMainWindow):
         self._check = None
         try:
             # Whatever changed again while it ran stays unchecked (no endless loop).
-            self._checking = catalog_mod.unchecked(self.catalog)
+            self._checking = health.unchecked(self.catalog)
             entries = snapshot(self.catalog, problems, self._checking)
         except StudioError as exc:
             self._check_ended(exc.message)
@@ -364,7 +368,7 @@ class MainWindow(QMainWindow):
         dialog.setMinimumDuration(0)
         dialog.setAutoClose(False)
         dialog.setAutoReset(False)
-        task = Task(lambda progress, cancelled: self.catalog.add_model(
+        task = Task(lambda progress, cancelled: imports.add_model(self.catalog, 
             name, file, backend, progress=progress, cancelled=cancelled), self)
         task.progress.connect(lambda done, _total: dialog.setValue(done))
         dialog.canceled.connect(task.cancel)
@@ -419,7 +423,7 @@ class MainWindow(QMainWindow):
         """Give an adapter a file for the other backend (GGUF <-> PEFT), in the background."""
         record = self.catalog.adapter(name)
         backend = "openvino" if record["backend"] == "llama" else "llama"
-        task = Task(lambda progress, _cancelled: self.catalog.convert_adapter(
+        task = Task(lambda progress, _cancelled: imports.convert_adapter(self.catalog, 
             name, backend, progress=progress), self)
         task.succeeded.connect(lambda _r: (self.refresh(), self.statusBar().showMessage(
             f"{name} now has a {backend} file", 8000)))

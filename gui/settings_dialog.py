@@ -20,9 +20,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import paths, settings
+from engine.state import paths, settings
 from engine.errors import StudioError
-from engine.safeio import printable
+from engine.formats.safeio import printable
 
 THEMES = ("system", "light", "dark")
 

@@ -38,10 +38,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import naming, training
-from engine.catalog import Catalog
+from engine.formats import naming
+from engine import training
+from engine.catalog.store import Catalog
 from engine.errors import StudioError
-from engine.protocol import error_from_payload
+from engine.runtime.protocol import error_from_payload
 from engine.training.client import TrainingJob
 from engine.training.config import TrainConfig
 from engine.training.job import TrainRequest, prepare

@@ -37,9 +37,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog import Catalog
-from engine.import_wizard import ImportWizard, Step
-from engine.safeio import printable
+from engine.catalog.store import Catalog
+from engine.catalog.wizard import ImportWizard, Step
+from engine.formats.safeio import printable
 from gui.detail import ChecksModel
 from gui.tasks import Task
 

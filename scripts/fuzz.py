@@ -68,13 +68,14 @@ def run_atheris(target: str, runs: int) -> int:
     # Coverage feedback from our readers, and from Jinja when fuzzing templates.
     with atheris.instrument_imports(include=["engine", "jinja2"] if target == "template"
                                     else ["engine"]):
-        import engine.artifacts  # noqa: F401
-        import engine.gguf_file  # noqa: F401
-        import engine.safetensors_file  # noqa: F401
-        import engine.templates  # noqa: F401
-        import engine.validation  # noqa: F401
-    from engine import artifacts, defaults
-    from engine.templates import Message
+        import engine.formats.artifacts  # noqa: F401
+        import engine.formats.gguf_file  # noqa: F401
+        import engine.formats.safetensors_file  # noqa: F401
+        import engine.formats.templates  # noqa: F401
+        import engine.catalog.validation  # noqa: F401
+    from engine.formats import artifacts
+    from engine.curated import embedded as defaults
+    from engine.formats.templates import Message
     from tests import test_fuzz
 
     base = artifacts.inspect_path(defaults.embedded_model_path())

@@ -13,6 +13,8 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from engine.curated import setup
+from engine.catalog import imports
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "screenshots"
@@ -63,20 +65,21 @@ def main() -> int:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from engine import artifacts, defaults
-    from engine.catalog import AdapterSpec, Catalog
+    from engine.formats import artifacts
+    from engine.curated import embedded as defaults
+    from engine.catalog.store import AdapterSpec, Catalog
     from gui import theme
     from gui.main_window import MainWindow
     from tests import factories
 
     app = QApplication(sys.argv)
     catalog = Catalog()
-    catalog.ensure_initialized(demo=True)
+    setup.first_run(catalog, with_demo=True)
     base = defaults.DEFAULT_MODEL_NAME
     info = artifacts.inspect_path(defaults.embedded_model_path())
     scratch = Path(tempfile.mkdtemp())
     adapter = factories.write_gguf_lora(scratch / "sea-poet.gguf", info, seed=1, strength=0.1)
-    catalog.add_adapter("sea-poet", base, adapter, source="generated for the screenshots")
+    imports.add_adapter(catalog, "sea-poet", base, adapter, source="generated for the screenshots")
     catalog.add_variant("smol-sea-poet", base, [AdapterSpec("sea-poet", 1.0)])
     variants = sorted(catalog.data()["variants"])
     demo = next((v for v in variants if v != "smol-sea-poet"), "smol-sea-poet")

@@ -9,8 +9,9 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-from engine import artifacts, defaults  # noqa: E402
-from engine.artifacts import BaseModelInfo  # noqa: E402
+from engine.curated import embedded as defaults  # noqa: E402
+from engine.formats import artifacts  # noqa: E402
+from engine.formats.artifacts import BaseModelInfo  # noqa: E402
 
 
 @pytest.fixture

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.artifacts import BaseModelInfo
-from engine.catalog import AdapterSpec, Catalog
-from engine.client import EngineClient
-from engine.defaults import DEFAULT_MODEL_NAME
-from engine.spec import resolve
+from engine.formats.artifacts import BaseModelInfo
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.runtime.client import EngineClient
+from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.catalog.resolve import resolve
 from tests import factories as f
+from engine.curated import setup
+from engine.catalog import imports
 
 BASE = DEFAULT_MODEL_NAME
 PROMPT = {"text": "Write a short poem about the sea.", "chat": True}
@@ -19,10 +21,10 @@ GREEDY = {"temperature": 0.0, "max_tokens": 24, "repeat_penalty": 1.0}
 
 def populate(catalog: Catalog, tmp: Path, base: BaseModelInfo) -> None:
     """Adapters a (seed 1) and b (seed 2), and variants over them."""
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
     for name, seed in (("a", 1), ("b", 2)):
         path = f.write_gguf_lora(tmp / f"{name}.gguf", base, seed=seed, strength=0.1)
-        catalog.add_adapter(name, BASE, path)
+        imports.add_adapter(catalog, name, BASE, path)
     catalog.add_variant("va", BASE, [AdapterSpec("a", 1.0)])
     catalog.add_variant("vb", BASE, [AdapterSpec("b", 1.0)])
     catalog.add_variant("va0", BASE, [AdapterSpec("a", 0.0)])

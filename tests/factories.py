@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine import lora_io, naming
-from engine.artifacts import BaseModelInfo
+from engine.formats import lora_io, naming
+from engine.formats.artifacts import BaseModelInfo
 
 
 def lora_weights(

@@ -13,21 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from engine import catalog as catalog_mod
-from engine import digest, paths, settings, validation
-from engine.catalog import AdapterSpec, Catalog
-from engine.client import EngineClient
-from engine.defaults import DEFAULT_MODEL_NAME
+from engine.catalog import store as catalog_mod
+from engine.catalog import digest, validation
+from engine.state import paths, settings
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.runtime.client import EngineClient
+from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.errors import Cancelled
-from engine.import_wizard import ImportWizard
+from engine.catalog.wizard import ImportWizard
 from tests import factories as f
+from engine.curated import setup
+from engine.catalog import imports
+from engine.catalog import health
 
 
 @pytest.fixture
 def catalog(studio_home: Path, tmp_path: Path, base_info) -> Catalog:
     catalog = Catalog()
-    catalog.ensure_initialized()
-    catalog.add_adapter("a", DEFAULT_MODEL_NAME,
+    setup.first_run(catalog)
+    imports.add_adapter(catalog, "a", DEFAULT_MODEL_NAME,
                         f.write_gguf_lora(tmp_path / "a.gguf", base_info, seed=1))
     catalog.add_variant("va", DEFAULT_MODEL_NAME, [AdapterSpec("a", 1.0)])
     return catalog
@@ -56,9 +60,9 @@ def test_checking_unchanged_files_reads_none_of_them(catalog: Catalog,
     # The stored copy's digest survives the rename from staging into the store.
     assert digest.cached_digest(Path(catalog.adapter("a")["path"])) is not None
     reads = count_reads(monkeypatch)
-    assert catalog_mod.unchecked(catalog) == set()
-    assert catalog_mod.status_of_records(catalog) == {}
-    report = Catalog().recheck_adapter("a")  # a fresh Catalog: no memo either
+    assert health.unchecked(catalog) == set()
+    assert health.status_of_records(catalog) == {}
+    report = health.recheck_adapter(Catalog(), "a")  # a fresh Catalog: no memo either
     assert report.ok and [c.status for c in report.checks if c.name == "values"] == ["pass"]
     assert reads == []
 
@@ -68,32 +72,32 @@ def test_a_changed_file_is_unchecked_until_check_files_reads_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     copy = tmp_path / "other.gguf"
     shutil.copyfile(embedded_path, copy)
-    catalog.add_model("other", copy)
-    catalog.add_adapter("b", "other", f.write_gguf_lora(tmp_path / "b.gguf",
+    imports.add_model(catalog, "other", copy)
+    imports.add_adapter(catalog, "b", "other", f.write_gguf_lora(tmp_path / "b.gguf",
                                                          catalog.base_info(
                                                              catalog.model("other")), seed=2))
     catalog.add_variant("vb", "other", [AdapterSpec("b", 1.0)])
-    assert catalog_mod.unchecked(catalog) == set()
+    assert health.unchecked(catalog) == set()
     with copy.open("ab") as handle:
         handle.write(b"\0" * 16)
     reads = count_reads(monkeypatch)
     # The base and everything that uses it; nothing read to find out.
-    assert catalog_mod.unchecked(catalog) == {"other", "b", "vb"}
-    assert catalog_mod.status_of_records(catalog, skip={"other", "b", "vb"}) == {}
+    assert health.unchecked(catalog) == {"other", "b", "vb"}
+    assert health.status_of_records(catalog, skip={"other", "b", "vb"}) == {}
     assert reads == []
     # A cancel stops the hash part-way and caches nothing.
     seen: list[int] = []
     with pytest.raises(Cancelled):
-        catalog_mod.check_files(catalog, lambda done, total: seen.append(done),
+        health.check_files(catalog, lambda done, total: seen.append(done),
                                 cancelled=lambda: len(seen) >= 1)
     assert digest.cached_digest(copy) is None
-    assert catalog_mod.unchecked(catalog) == {"other", "b", "vb"}
+    assert health.unchecked(catalog) == {"other", "b", "vb"}
     progress: list[tuple[int, int]] = []
-    catalog_mod.check_files(catalog, lambda done, total: progress.append((done, total)))
+    health.check_files(catalog, lambda done, total: progress.append((done, total)))
     assert progress[-1][0] == progress[-1][1] == copy.stat().st_size
     assert reads == ["hash other.gguf"] * 2
-    assert catalog_mod.unchecked(catalog) == set()
-    problems = catalog_mod.status_of_records(catalog)
+    assert health.unchecked(catalog) == set()
+    problems = health.status_of_records(catalog)
     assert "file changed on disk" in problems["other"][0] and "base" in problems["b"][0]
 
 
@@ -108,18 +112,18 @@ def test_a_cancelled_import_adds_nothing_even_at_the_last_moment(
         hashing["started"] = done > 2 * total // 3
 
     with pytest.raises(Cancelled):
-        catalog.add_adapter("late", DEFAULT_MODEL_NAME, source, progress=progress,
+        imports.add_adapter(catalog, "late", DEFAULT_MODEL_NAME, source, progress=progress,
                             cancelled=lambda: hashing["started"])
     # A cancel that only comes after every pass: still refused, under the lock.
     def after_all_reads() -> bool:
         return catalog.state._lock.is_locked  # true only inside the catalog write
 
     with pytest.raises(Cancelled):
-        catalog.add_adapter("late", DEFAULT_MODEL_NAME, source, cancelled=after_all_reads)
+        imports.add_adapter(catalog, "late", DEFAULT_MODEL_NAME, source, cancelled=after_all_reads)
     copy = tmp_path / "base.gguf"
     shutil.copyfile(embedded_path, copy)
     with pytest.raises(Cancelled):
-        catalog.add_model("late-base", copy, cancelled=after_all_reads)
+        imports.add_model(catalog, "late-base", copy, cancelled=after_all_reads)
     assert catalog.state.path.read_bytes() == before
     assert sorted(p.name for p in (paths.data_dir() / "adapters").iterdir()) == ["a"]
 

@@ -12,9 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import cli, lora_io
-from engine.artifacts import BaseModelInfo
-from engine.defaults import DEFAULT_MODEL_NAME
+from engine import cli
+from engine.formats import lora_io
+from engine.formats.artifacts import BaseModelInfo
+from engine.catalog.store import Catalog
+from engine.curated import setup
+from engine.curated.embedded import DEFAULT_MODEL_NAME
 from tests import factories as f
 
 BASE = DEFAULT_MODEL_NAME
@@ -150,7 +153,7 @@ def _without_tensor(tmp: Path, base: BaseModelInfo, drop: str) -> Path:
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", 16.0)
-    from engine import naming
+    from engine.formats import naming
     for module, (a, b) in weights.layers.items():
         name = naming.module_to_gguf(module)
         writer.add_tensor(f"{name}.lora_a", a)
@@ -194,7 +197,7 @@ EXPECTED_REASONS = {
 def test_bad_adapters_are_refused_and_change_nothing(
         studio_home: Path, tmp_path: Path, base_info: BaseModelInfo, embedded_path: Path,
         capsys: pytest.CaptureFixture) -> None:
-    run(capsys, "list")  # create the catalog
+    setup.first_run(Catalog(), with_demo=True)  # what every command that writes does first
     catalog = studio_home / "catalog.json"
     before = catalog.read_bytes()
     cases = _hostile_adapters(tmp_path, base_info, embedded_path)

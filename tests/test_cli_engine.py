@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from engine import cli
-from engine.catalog import Catalog
+from engine.catalog.store import Catalog
 from tests.engine_helpers import BASE, populate
+from engine.catalog import resolve
 
 
 def test_generate_compare_and_status_json(studio_home: Path, tmp_path: Path, base_info,
@@ -20,13 +21,13 @@ def test_generate_compare_and_status_json(studio_home: Path, tmp_path: Path, bas
     assert cli.main(["generate", BASE, *flags]) == 0
     gen = json.loads(capsys.readouterr().out)
     assert {"text", "token_ids", "identity", "tokens_per_second"} <= set(gen)
-    assert len(gen["token_ids"]) == 12 and gen["identity"] == Catalog().identity(BASE).key
+    assert len(gen["token_ids"]) == 12 and gen["identity"] == resolve.identity(Catalog(), BASE).key
 
     assert cli.main(["compare", "va", *flags]) == 0
     cmp_ = json.loads(capsys.readouterr().out)
     assert set(cmp_) == {"base", "variant", "first_divergence", "adapter_effect"}
     assert cmp_["base"]["token_ids"] == gen["token_ids"]
-    assert cmp_["variant"]["identity"] == Catalog().identity("va").key
+    assert cmp_["variant"]["identity"] == resolve.identity(Catalog(), "va").key
     assert cmp_["adapter_effect"] > 0
 
     assert cli.main(["generate", BASE, "--prompt", "Hi", "--max-tokens", "3"]) == 0

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import conversations, settings
-from engine.conversations import ChatMessage
+from engine.state import conversations, settings
+from engine.state.conversations import ChatMessage
 from engine.errors import UsageError
 
 
@@ -42,7 +42,7 @@ def test_settings_persist_and_validate(studio_home: Path) -> None:
 
 def test_nonsense_conversation_and_settings_are_set_aside_with_a_notice(
         studio_home: Path) -> None:
-    from engine import paths, statefile
+    from engine.state import paths, statefile
 
     statefile.take_notices()
     conv = conversations.new("va")
@@ -61,6 +61,6 @@ def test_delete_keeps_the_lock_file(studio_home: Path) -> None:
     conversations.save(conv)
     conversations.delete(conv.id)
     assert conversations.load(conv.id) is None
-    from engine import paths
+    from engine.state import paths
 
     assert (paths.conversations_dir() / f"{conv.id}.json.lock").exists()

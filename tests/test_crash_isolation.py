@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from engine import conversations, settings
-from engine.artifacts import BaseModelInfo
-from engine.catalog import AdapterSpec, Catalog
-from engine.client import EngineClient
-from engine.conversations import ChatMessage
+from engine.state import conversations, settings
+from engine.formats.artifacts import BaseModelInfo
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.runtime.client import EngineClient
+from engine.state.conversations import ChatMessage
 from engine.errors import EngineError
 from tests.engine_helpers import BASE, params
 from tests.test_hostile import mini_lora
+from engine.curated import setup
+from engine.catalog import imports
 
 TIMEOUT = 300
 
@@ -40,10 +42,10 @@ def state_bytes(home: Path) -> dict[str, bytes]:
 def test_an_engine_abort_is_reported_and_nothing_is_lost(
         studio_home: Path, tmp_path: Path, base_info: BaseModelInfo) -> None:
     catalog = Catalog()
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
     source = tmp_path / "a.gguf"
     source.write_bytes(mini_lora())
-    catalog.add_adapter("a", BASE, source)
+    imports.add_adapter(catalog, "a", BASE, source)
     catalog.add_variant("va", BASE, [AdapterSpec("a", 1.0)])
     chat = conversations.new("va").with_messages((
         ChatMessage("user", "Hello"), ChatMessage("assistant", "Hi!", model="va")))

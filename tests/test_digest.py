@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import digest
+from engine.catalog import digest
 from engine.errors import Cancelled
 
 

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from engine import conversations, paths, settings, statefile
-from engine.catalog import Catalog
-from engine.conversations import ChatMessage
+from engine.state import conversations, paths, settings, statefile
+from engine.catalog.store import Catalog
+from engine.state.conversations import ChatMessage
 from engine.errors import StateError
-from engine.statefile import StateFile
+from engine.state.statefile import StateFile
 from tests.test_hostile import mini_lora
+from engine.curated import setup
 
 ROOT = Path(__file__).resolve().parent.parent
 ITERATIONS = int(os.environ.get("VARIANT_STUDIO_DURABLE_ITERATIONS", "200"))
@@ -120,7 +121,7 @@ def test_writers_killed_at_random_moments_leave_the_old_or_the_new_version(
 CONCURRENT_STATE = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from engine.statefile import StateFile
+    from engine.state.statefile import StateFile
 
     path, me, count = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     state = StateFile(path, dict)
@@ -146,8 +147,9 @@ def test_two_processes_updating_one_state_file_lose_nothing(tmp_path: Path) -> N
 CONCURRENT_APP = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from engine import cli, conversations, settings
-    from engine.conversations import ChatMessage
+    from engine import cli
+    from engine.state import conversations, settings
+    from engine.state.conversations import ChatMessage
 
     me, source = sys.argv[1], sys.argv[2]
     for i in range(3):
@@ -166,9 +168,9 @@ def test_two_app_processes_importing_at_once_lose_nothing(studio_home: Path,
                                                           tmp_path: Path) -> None:
     """Two CLI processes import adapters, compose variants, save conversations and
     change settings at the same time: every change of both survives."""
-    from engine.defaults import DEFAULT_MODEL_NAME
+    from engine.curated.embedded import DEFAULT_MODEL_NAME
 
-    Catalog().ensure_initialized()
+    setup.first_run(Catalog())
     source = tmp_path / "a.gguf"
     source.write_bytes(mini_lora())
     procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_APP, name, str(source),
@@ -206,10 +208,11 @@ def test_a_corrupt_catalog_at_start_is_set_aside_with_a_warning(studio_home: Pat
                               "catalog.json.corrupt-")
     (aside,) = studio_home.glob("catalog.json.corrupt-*")
     assert aside.name in warning and aside.read_bytes() == garbage
-    # A fresh catalog replaced it, with the embedded base, and the next run is quiet.
+    # A fresh catalog replaced it, with the embedded base (listed now, written by the
+    # first command that changes state), and the next run is quiet.
     built = [m["name"] for m in json.loads(done.stdout)["models"] if m["built"]]
-    assert built == [Catalog().data()["models"][name]["name"]
-                     for name in Catalog().data()["models"]]
+    fresh = setup.preview(Catalog())
+    assert built == [fresh.data()["models"][name]["name"] for name in fresh.data()["models"]]
     assert len(built) == 1
     again = run_cli("list")
     assert again.returncode == 0 and again.stderr == ""
@@ -270,9 +273,9 @@ def test_cli_imports_killed_at_random_moments_never_leave_a_broken_catalog(
     """`adapter add` SIGKILLed at a random moment (copying, validating, hashing or
     writing the catalog): the catalog still loads, and every entry it holds has its
     stored file with the recorded digest. An entry is all there or not there."""
-    from engine.defaults import DEFAULT_MODEL_NAME
+    from engine.curated.embedded import DEFAULT_MODEL_NAME
 
-    Catalog().ensure_initialized()
+    setup.first_run(Catalog())
     source = tmp_path / "a.gguf"
     source.write_bytes(mini_lora())
     rng = random.Random(7)

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from engine.catalog import Catalog
-from engine.client import EngineClient
+from engine.catalog.store import Catalog
+from engine.runtime.client import EngineClient
 from engine.errors import Cancelled, EngineError, RefusedError
 from tests.engine_helpers import BASE, generate, params, populate
+from engine.catalog import resolve
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +177,7 @@ def test_describe_reports_sessions_adapters_and_memory(world) -> None:
     (resident,) = info["residents"]
     assert resident["sha256"] == catalog.model(BASE)["sha256"]
     vab = info["sessions"][-1]
-    assert vab["identity"] == catalog.identity("vab").key
+    assert vab["identity"] == resolve.identity(catalog, "vab").key
     assert [(a["name"], a["scale"]) for a in vab["adapters"]] == [("a", 0.5), ("b", 0.5)]
     assert vab["adapters"][0]["sha256"] == catalog.adapter("a")["sha256"]
     assert info["memory"]["rss_bytes"] > resident["size_bytes"]
@@ -218,8 +219,8 @@ def test_llama_cpp_rejection_is_a_refusal_that_says_why(tmp_path: Path, embedded
                                                          ) -> None:
     """Python validation refuses these first; if a file ever reaches llama.cpp and it
     says no, the user still gets llama.cpp's reason (it only logs it)."""
-    from engine.llama_backend import LlamaModel
-    from engine.spec import AdapterFile
+    from engine.runtime.llama.backend import LlamaModel
+    from engine.catalog.resolve import AdapterFile
 
     model = LlamaModel(str(embedded_path), "test")
     try:

@@ -32,11 +32,12 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from engine import artifacts, gguf_file, safetensors_file, validation
-from engine.artifacts import AdapterInfo, BaseModelInfo
+from engine.formats import artifacts, gguf_file, safetensors_file
+from engine.catalog import validation
+from engine.formats.artifacts import AdapterInfo, BaseModelInfo
 from engine.errors import RefusedError
-from engine.safeio import printable
-from engine.templates import MAX_OUTPUT_CHARS, Message, render
+from engine.formats.safeio import printable
+from engine.formats.templates import MAX_OUTPUT_CHARS, Message, render
 from tests.test_hostile import (
     PEFT_Q,
     T,

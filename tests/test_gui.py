@@ -16,13 +16,15 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 
-from engine import conversations, settings
-from engine.catalog import Catalog
-from engine.defaults import DEFAULT_MODEL_NAME
+from engine.state import conversations, settings
+from engine.catalog.store import Catalog
+from engine.curated.embedded import DEFAULT_MODEL_NAME
 from gui.main_window import MainWindow
 from tests import factories as f
 from tests.engine_helpers import populate
 from tests.gui_helpers import LONG, wait_step
+from engine.catalog import resolve
+from engine.catalog import imports
 
 
 @pytest.fixture
@@ -68,7 +70,7 @@ def test_detail_shows_provenance_checks_and_identity(populated: MainWindow) -> N
     assert statuses["coverage"] == "pass" and statuses["expected base"] == "warn"
     populated.select("vab")
     html = populated.detail.browser.toHtml()
-    assert Catalog().identity("vab").key in html and "a @ 0.5" in html
+    assert resolve.identity(Catalog(), "vab").key in html and "a @ 0.5" in html
 
 
 def test_a_changed_adapter_is_badged_as_a_problem(populated: MainWindow, qtbot) -> None:
@@ -192,7 +194,7 @@ def test_chat_streams_stops_and_survives_a_restart(populated: MainWindow, qtbot)
         chat.send()
     answer = chat.conversation.messages[-1]
     assert answer.role == "assistant" and answer.content and answer.model == "va"
-    assert answer.identity == Catalog().identity("va").key
+    assert answer.identity == resolve.identity(Catalog(), "va").key
     assert "va" in chat.transcript.toPlainText() and answer.identity[:12] in \
         chat.transcript.toPlainText()
     # Stop: no token reaches the window after the stop.
@@ -355,7 +357,7 @@ def test_openvino_from_the_window(populated: MainWindow, qtbot, tmp_path_factory
     qtbot.waitUntil(lambda: "not built" not in row().badges, timeout=LONG)
     assert populated.detail.entry["name"] == name and populated.detail.entry["sha256"]
     populated.select("a")
-    with qtbot.waitSignal(populated.convert_adapter("a").done, timeout=LONG):
+    with qtbot.waitSignal(imports.convert_adapter(populated, "a").done, timeout=LONG):
         pass
     assert "openvino" in Catalog().adapter("a").get("files", {})
     populated.select("va")
@@ -368,4 +370,4 @@ def test_openvino_from_the_window(populated: MainWindow, qtbot, tmp_path_factory
         populated.chat.send()
     answer = populated.chat.conversation.messages[-1]
     assert answer.backend == "openvino" and answer.content
-    assert answer.identity == Catalog().identity("va", backend="openvino").key
+    assert answer.identity == resolve.identity(Catalog(), "va", backend="openvino").key

@@ -18,11 +18,12 @@ import pytest
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QPushButton
 
-from engine import digest, paths, settings, validation
-from engine.catalog import Catalog
-from engine.defaults import DEFAULT_MODEL_NAME
-from engine.import_wizard import ImportWizard
-from engine.spec import resolve
+from engine.catalog import digest, validation
+from engine.state import paths, settings
+from engine.catalog.store import Catalog
+from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.catalog.wizard import ImportWizard
+from engine.catalog.resolve import resolve
 from gui.library import BadgesRole, ProblemRole
 from gui.main_window import MainWindow
 from gui.settings_dialog import SettingsDialog
@@ -30,6 +31,7 @@ from gui.wizard import ImportDialog
 from tests import factories as f
 from tests.engine_helpers import populate
 from tests.gui_helpers import LONG, drive_modal, wait_step
+from engine.catalog import imports
 
 GATE = 120  # s: how long a held worker waits for the GUI thread before giving up
 
@@ -271,7 +273,7 @@ def test_a_refresh_reads_no_whole_file_on_the_gui_thread(
     populate(catalog, tmp_path, base_info)
     copy = tmp_path / "other-base.gguf"
     shutil.copyfile(embedded_path, copy)
-    catalog.add_model("other-base", copy)
+    imports.add_model(catalog, "other-base", copy)
     win = MainWindow()
     qtbot.addWidget(win)
     win.show()

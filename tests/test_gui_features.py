@@ -21,11 +21,11 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, QSettings, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-from engine import conversations, paths, settings
-from engine.catalog import AdapterSpec, Catalog
-from engine.conversations import ChatMessage
-from engine.defaults import DEFAULT_MODEL_NAME
-from engine.lora_io import write_gguf
+from engine.state import conversations, paths, settings
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.state.conversations import ChatMessage
+from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.formats.lora_io import write_gguf
 from gui import render, theme
 from gui.library import ProblemRole
 from gui.main_window import MainWindow
@@ -34,6 +34,8 @@ from gui.wizard import ImportDialog
 from tests import factories as f
 from tests.engine_helpers import BASE, populate
 from tests.gui_helpers import LONG, SHORT, drive_modal
+from engine.catalog import resolve
+from engine.catalog import imports
 
 FAST = {"max_tokens": 8, "temperature": 0.0, "repeat_penalty": 1.0}
 POEM = "Write a short poem about the sea."
@@ -272,9 +274,9 @@ def test_settings_save_context_backend_and_theme(home: Path, open_window, user_i
 
         # The chat serves a plain base with the context size from Settings, and says so.
         win.open_chat(BASE)
-        expected = Catalog().identity(BASE, n_ctx=2048)
+        expected = resolve.identity(Catalog(), BASE, n_ctx=2048)
         assert expected.short in win.chat.header.text()
-        assert Catalog().identity(BASE).short not in win.chat.header.text()
+        assert resolve.identity(Catalog(), BASE).short not in win.chat.header.text()
 
         def stop_on_first_tokens(request_id: str, *_args: object) -> None:
             if request_id == win.chat.request_id:
@@ -444,7 +446,7 @@ def test_composer_profile_is_saved_shown_again_and_served(home: Path, open_windo
     assert editing.name.text() == "french" and editing.name.isReadOnly()
     assert shown_profile(editing) == PROFILE
     assert [(s.name, s.scale) for s in editing.specs()] == [("a", 1.0)]
-    assert Catalog().identity("french").key in editing.identity.text()
+    assert resolve.identity(Catalog(), "french").key in editing.identity.text()
     changed = dict(PROFILE, top_k=23, system_prompt="Answer in German.")
     fill_profile(editing, changed)
     editing.save()
@@ -460,7 +462,7 @@ def test_composer_profile_is_saved_shown_again_and_served(home: Path, open_windo
     # The chat serves the profile: its context size and its max tokens.
     win.open_chat("french")
     answer = ask(win, qtbot, "Hello, who are you?")
-    assert answer.identity == Catalog().identity("french").key
+    assert answer.identity == resolve.identity(Catalog(), "french").key
     tokens = re.search(r"· (\d+) tokens ·", win.chat.status.text())
     assert tokens and 1 <= int(tokens.group(1)) <= PROFILE["max_tokens"]
     with qtbot.waitSignal(win.client.described, timeout=LONG) as described:
@@ -492,7 +494,7 @@ def test_the_default_model_is_what_a_new_window_opens_on(home: Path, open_window
     assert not again.detail.buttons["default"].isEnabled()
     again.tabs.setCurrentWidget(again.chat)
     answer = ask(again, qtbot, "Say hi.")
-    assert answer.model == "fast-b" and answer.identity == Catalog().identity("fast-b").key
+    assert answer.model == "fast-b" and answer.identity == resolve.identity(Catalog(), "fast-b").key
 
 
 # --------------------------------------------------------------------------- chat
@@ -606,12 +608,12 @@ def test_compare_marks_the_divergence_in_both_texts_with_each_speed_and_switches
         assert speed > 0 and f"{speed:.1f} tok/s" in side.title.text()
     assert view.base_side.title.text().count("tok/s") == 1
     assert "va" in view.variant_side.title.text()
-    assert Catalog().identity("va").short in view.variant_side.title.text()
+    assert resolve.identity(Catalog(), "va").short in view.variant_side.title.text()
 
     # Quick switch: the labels follow the new choice at once, the old texts go...
     view.select_variant("fast-b")
     assert view.variant.currentText() == "fast-b"
-    fast_b = Catalog().identity("fast-b")
+    fast_b = resolve.identity(Catalog(), "fast-b")
     assert fast_b.short in view.variant_side.title.text()
     assert "fast-b" in view.variant_side.title.text()
     assert "tok/s" not in view.variant_side.title.text()
@@ -644,7 +646,7 @@ def test_compare_marks_the_divergence_in_both_texts_with_each_speed_and_switches
     qtbot.waitUntil(lambda: ended["ok"], timeout=LONG)
     assert view.result is None
     assert view.base_side.text == view.variant_side.text == ""
-    assert Catalog().identity("va").short in view.variant_side.title.text()
+    assert resolve.identity(Catalog(), "va").short in view.variant_side.title.text()
 
 
 # --------------------------------------------------------------------------- library
@@ -656,9 +658,9 @@ def test_library_badges_a_base_model_whose_file_changed_on_disk(
     copy = tmp_path / "copy.gguf"
     shutil.copyfile(embedded_path, copy)
     catalog = Catalog()
-    catalog.add_model("copied", copy)
+    imports.add_model(catalog, "copied", copy)
     lora = f.write_gguf_lora(tmp_path / "c.gguf", base_info, seed=9, strength=0.1)
-    catalog.add_adapter("on-copy", "copied", lora)
+    imports.add_adapter(catalog, "on-copy", "copied", lora)
     catalog.add_variant("copy-var", "copied", [AdapterSpec("on-copy", 1.0)], FAST)
     win = open_window()
     model = win.library.model

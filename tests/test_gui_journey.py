@@ -14,15 +14,16 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 
-from engine import conversations
-from engine.catalog import Catalog
-from engine.defaults import DEFAULT_MODEL_NAME
+from engine.state import conversations
+from engine.catalog.store import Catalog
+from engine.curated.embedded import DEFAULT_MODEL_NAME
 from gui.composer import ComposerDialog
 from gui.library import BadgesRole
 from gui.main_window import MainWindow
 from gui.wizard import ImportDialog
 from tests import factories as f
 from tests.gui_helpers import LONG
+from engine.catalog import resolve
 
 SOURCE = "https://example.org/loras/poet.gguf"
 PROMPT = "Write a short poem about the sea."
@@ -88,7 +89,7 @@ def test_import_chat_compare_inspect_and_come_back(studio_home: Path, tmp_path: 
     record = Catalog().variant("smol-poet")
     assert record["adapters"] == [{"name": "poet", "scale": 0.8}]
     assert record["profile"]["max_tokens"] == 16 and record["profile"]["temperature"] == 0.0
-    identity = Catalog().identity("smol-poet")
+    identity = resolve.identity(Catalog(), "smol-poet")
 
     # ---- chat with the variant
     win.detail.buttons["chat"].click()

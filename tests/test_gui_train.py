@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.catalog import Catalog
-from engine.defaults import DEFAULT_MODEL_NAME as BASE
+from engine.catalog.store import Catalog
+from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.training import torch_available
 from gui.train_page import TrainPage
 from tests.gui_helpers import LONG
+from engine.curated import setup
 
 pytestmark = pytest.mark.skipif(not torch_available(),
                                 reason="PyTorch (the [train] extra) is not installed")
@@ -27,7 +28,7 @@ def small_data(path: Path) -> Path:
 @pytest.fixture
 def page(qtbot, studio_home: Path):
     catalog = Catalog()
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
     widget = TrainPage(catalog)
     qtbot.addWidget(widget)
     yield widget
@@ -108,7 +109,7 @@ def test_missing_torch_explains_how_to_enable_training(qtbot, studio_home: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("engine.training.torch_available", lambda: False)
     catalog = Catalog()
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
     widget = TrainPage(catalog)
     qtbot.addWidget(widget)
     assert "Training is off" in widget.hint.text()

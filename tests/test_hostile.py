@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import cli, statefile
-from engine.artifacts import BaseModelInfo
-from engine.defaults import DEFAULT_MODEL_NAME
+from engine import cli
+from engine.state import statefile
+from engine.formats.artifacts import BaseModelInfo
+from engine.curated.embedded import DEFAULT_MODEL_NAME
 from tests import factories as f
 
 BASE = DEFAULT_MODEL_NAME

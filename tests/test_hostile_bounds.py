@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from engine import artifacts, digest, safeio
-from engine.artifacts import BaseModelInfo
+from engine.formats import artifacts, safeio
+from engine.catalog import digest
+from engine.formats.artifacts import BaseModelInfo
 from engine.errors import InspectionError, StudioError
-from engine.templates import Message, TemplateError, render
+from engine.formats.templates import Message, TemplateError, render
 from tests.test_hostile import CASES, Unavailable, Workshop, deadline
 
 MiB = 1 << 20

@@ -20,13 +20,15 @@ from typing import Any
 
 import pytest
 
-from engine import digest
-from engine.artifacts import BaseModelInfo
-from engine.catalog import AdapterSpec, Catalog
-from engine.client import EngineClient
+from engine.catalog import digest
+from engine.formats.artifacts import BaseModelInfo
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.runtime.client import EngineClient
 from engine.errors import InspectionError, RefusedError, StudioError
-from engine.spec import resolve
+from engine.catalog.resolve import resolve
 from tests.test_hostile import (
+from engine.curated import setup
+from engine.catalog import imports
     ACCEPTED,
     BASE,
     CASES,
@@ -61,8 +63,8 @@ def engine_world(tmp_path_factory: pytest.TempPathFactory, base_info: BaseModelI
     inputs.mkdir()
     w = Workshop(inputs, base_info, embedded_path)
     catalog = Catalog()
-    catalog.ensure_initialized()
-    catalog.add_adapter("good", BASE, w.put("good", mini_lora()))
+    setup.first_run(catalog)
+    imports.add_adapter(catalog, "good", BASE, w.put("good", mini_lora()))
     catalog.add_variant("good-v", BASE, [AdapterSpec("good", 1.0)])
     client = EngineClient()
     try:

@@ -20,16 +20,17 @@ from typing import Any
 
 import pytest
 
-from engine import openvino_default
-from engine.artifacts import BaseModelInfo
-from engine.catalog import AdapterSpec, Catalog
-from engine.client import EngineClient
+from engine.curated import openvino_default
+from engine.formats.artifacts import BaseModelInfo
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.runtime.client import EngineClient
 from engine.errors import RefusedError, StudioError
-from engine.spec import resolve
+from engine.catalog.resolve import resolve
 from tests import factories as f
 from tests.test_hostile import CASES, Case, Workshop, build
 from tests.test_hostile_engine import TIMEOUT, EngineWorld, params, true_digest
 from tests.test_openvino_helpers import Home, register_default
+from engine.catalog import imports
 
 OV = openvino_default.NAME
 # Every PEFT-surface case; the expected reason is the CLI's (the same validation runs).
@@ -58,7 +59,7 @@ def ov_world(tmp_path_factory: pytest.TempPathFactory, base_info: BaseModelInfo,
     inputs.mkdir()
     catalog = Catalog()
     register_default(catalog, tmp_path_factory)
-    catalog.add_adapter("good", OV, f.write_peft_lora(root / "good", base_info, seed=1,
+    imports.add_adapter(catalog, "good", OV, f.write_peft_lora(root / "good", base_info, seed=1,
                                                       strength=0.1))
     catalog.add_variant("good-ov", OV, [AdapterSpec("good", 1.0)])
     client = EngineClient()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.identity import AdapterRef, ContextConfig, Identity
+from engine.catalog.identity import AdapterRef, ContextConfig, Identity
 
 A = AdapterRef("a", "a" * 64, 1.0)
 B = AdapterRef("b", "b" * 64, 1.0)
@@ -64,7 +64,7 @@ def test_round_trip_through_dict() -> None:
 
 def test_same_key_in_another_process() -> None:
     code = (
-        "from engine.identity import *\n"
+        "from engine.catalog.identity import *\n"
         "A = AdapterRef('a', 'a' * 64, 1.0); B = AdapterRef('b', 'b' * 64, 1.0)\n"
         "print(Identity('llama', 'base', '0' * 64, (A, B), 'c' * 64, "
         "'add_bos=false;bos=1', 'llama-cpp-python/0.3.36', ContextConfig()).key)\n"

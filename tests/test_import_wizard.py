@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from engine.catalog import Catalog
-from engine.defaults import DEFAULT_MODEL_NAME
-from engine.import_wizard import ImportWizard, Step
+from engine.catalog.store import Catalog
+from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.catalog.wizard import ImportWizard, Step
 from tests import factories as f
+from engine.curated import setup
 
 
 @pytest.fixture
 def wizard(studio_home: Path) -> ImportWizard:
     catalog = Catalog()
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
     return ImportWizard(catalog)
 
 

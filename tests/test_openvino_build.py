@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli, openvino_build, openvino_default
-from engine.catalog import Catalog
-from engine.client import EngineClient
-from engine.defaults import DEFAULT_MODEL_NAME
+from engine import cli
+from engine.runtime.openvino import build as openvino_build
+from engine.curated import openvino_default
+from engine.catalog.store import Catalog
+from engine.runtime.client import EngineClient
+from engine.curated.embedded import DEFAULT_MODEL_NAME
 from tests import factories as f
 from tests.test_openvino_helpers import cache_dir, first_build, register_default
 
@@ -171,7 +173,7 @@ def test_layer_names_come_from_structure_not_names_or_positions(
 def test_a_gguf_is_served_directly_as_a_plain_openvino_base(
         studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
         base_info, capsys: pytest.CaptureFixture) -> None:
-    from engine.spec import resolve
+    from engine.catalog.resolve import resolve
 
     catalog = Catalog()
     register_default(catalog, tmp_path_factory)

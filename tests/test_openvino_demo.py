@@ -16,10 +16,14 @@ from typing import Any
 
 import pytest
 
-from engine import cli, digest, openvino_default
-from engine.catalog import Catalog
+from engine import cli
+from engine.catalog import digest
+from engine.curated import openvino_default
+from engine.catalog.store import Catalog
 from engine.training import demo
 from tests.test_openvino_helpers import Home, first_build
+from engine.catalog import resolve
+from engine.catalog import health
 
 OV = openvino_default.NAME
 SHIPPED_PEFT = demo.resources_dir() / demo.SHIPPED_PEFT / "adapter_model.safetensors"
@@ -55,9 +59,9 @@ def test_building_the_openvino_default_attaches_the_shipped_demo_peft(
     # The tensors served on OpenVINO are the shipped PEFT export, byte for byte.
     assert entry["sha256"] == digest.hash_uncached(SHIPPED_PEFT)[0]
     assert [c["name"] for c in entry["checks"] if c["status"] != "pass"] == []
-    assert catalog.recheck_adapter(demo.ADAPTER_NAME, OV).ok
+    assert health.recheck_adapter(catalog, demo.ADAPTER_NAME, OV).ok
     # So the curated demo variant is servable on OpenVINO right away.
-    assert catalog.serving_base(demo.VARIANT_NAME, "openvino") == OV
+    assert resolve.serving_base(catalog, demo.VARIANT_NAME, "openvino") == OV
     assert cli.main(["show", demo.VARIANT_NAME, "--json"]) == 0
     backends = json.loads(capsys.readouterr().out)["backends"]
     assert backends["openvino"]["available"] is True

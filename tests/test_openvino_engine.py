@@ -14,13 +14,15 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from engine import openvino_default
-from engine.catalog import AdapterSpec, Catalog
-from engine.client import EngineClient
+from engine.curated import openvino_default
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.runtime.client import EngineClient
 from engine.errors import Cancelled, RefusedError
-from engine.spec import resolve
+from engine.catalog.resolve import resolve
 from tests import factories as f
 from tests.test_openvino_helpers import Home, register_default
+from engine.catalog import resolve
+from engine.catalog import imports
 
 OV = openvino_default.NAME
 PROMPT = {"text": "Write a short poem about the sea.", "chat": True}
@@ -58,11 +60,11 @@ def world(tmp_path_factory: pytest.TempPathFactory, base_info) -> Any:
     catalog = Catalog()
     register_default(catalog, tmp_path_factory)
     for name, seed in (("a", 1), ("b", 2)):
-        catalog.add_adapter(name, OV, f.write_peft_lora(tmp / name, base_info, seed=seed,
+        imports.add_adapter(catalog, name, OV, f.write_peft_lora(tmp / name, base_info, seed=seed,
                                                         strength=0.1))
-    catalog.add_adapter("o", OV, f.write_peft_lora(tmp / "o", base_info, seed=3, strength=0.1,
+    imports.add_adapter(catalog, "o", OV, f.write_peft_lora(tmp / "o", base_info, seed=3, strength=0.1,
                                                    roles=("attn_output",)))
-    catalog.add_adapter("partial", OV, partial_adapter(tmp / "partial", base_info))
+    imports.add_adapter(catalog, "partial", OV, partial_adapter(tmp / "partial", base_info))
     catalog.add_variant("va", OV, [AdapterSpec("a", 1.0)])
     catalog.add_variant("vb", OV, [AdapterSpec("b", 1.0)])
     catalog.add_variant("va0", OV, [AdapterSpec("a", 0.0)])
@@ -95,7 +97,7 @@ def test_peft_adapter_changes_output_alpha_zero_is_the_base_and_base_is_untouche
     for result in (base_first, va, vb, va0):
         assert result["backend"] == "openvino"
     assert len({r["identity"] for r in (base_first, va, vb, va0)}) == 4
-    assert catalog.identity("va").runtime.startswith("openvino-genai/2026.4")
+    assert resolve.identity(catalog, "va").runtime.startswith("openvino-genai/2026.4")
 
 
 def test_every_tensor_attaches_and_openvino_genai_agrees_with_no_warning(world) -> None:
@@ -143,7 +145,7 @@ def test_compare_runs_base_and_variant_side_by_side_on_openvino(world) -> None:
     assert result["base"]["token_ids"] == base["token_ids"]
     assert result["variant"]["token_ids"] == variant["token_ids"]
     assert result["base"]["backend"] == result["variant"]["backend"] == "openvino"
-    assert result["variant"]["identity"] == catalog.identity("va").key
+    assert result["variant"]["identity"] == resolve.identity(catalog, "va").key
     div = result["first_divergence"]
     assert div is not None and base["token_ids"][:div] == variant["token_ids"][:div]
     assert result["adapter_effect"] > 0.05
@@ -234,7 +236,7 @@ def test_status_and_changed_adapters_on_openvino(world) -> None:
     assert resident["backend"] == "openvino" and resident["base"] == OV
     assert resident["sha256"] == catalog.model(OV)["sha256"]
     (session,) = info["sessions"]
-    assert session["backend"] == "openvino" and session["identity"] == catalog.identity("vab").key
+    assert session["backend"] == "openvino" and session["identity"] == resolve.identity(catalog, "vab").key
     assert [(a["name"], a["scale"]) for a in session["adapters"]] == [("a", 0.5), ("b", 0.5)]
     # A stored adapter that changed after import is refused before OpenVINO sees it.
     client.call("close_all", timeout=60)

@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from engine import openvino_build, openvino_default
-from engine.catalog import Catalog
-from engine.client import EngineClient
+from engine.runtime.openvino import build as openvino_build
+from engine.curated import openvino_default
+from engine.catalog.store import Catalog
+from engine.runtime.client import EngineClient
+from engine.curated import setup
 
 _FIRST_BUILD: dict[str, Any] = {}
 
@@ -51,7 +53,7 @@ def register_default(catalog: Catalog, tmp_path_factory: pytest.TempPathFactory
                      ) -> dict[str, Any]:
     """Add the OpenVINO default to `catalog` (from the session's build cache)."""
     first_build(tmp_path_factory)
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
 
     def no_build(progress: Any) -> dict[str, Any]:
         raise AssertionError("the OpenVINO default was built twice in one session")

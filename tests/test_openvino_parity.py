@@ -17,13 +17,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import cli, gguf_file, lora_io, openvino_default
-from engine.catalog import AdapterSpec, Catalog
-from engine.client import EngineClient
-from engine.defaults import DEFAULT_MODEL_NAME
-from engine.spec import resolve
+from engine import cli
+from engine.formats import gguf_file, lora_io
+from engine.curated import openvino_default
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.runtime.client import EngineClient
+from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.catalog.resolve import resolve
 from tests import factories as f
 from tests.test_openvino_helpers import Home, first_build, register_default
+from engine.catalog import resolve
+from engine.catalog import imports
 
 OV = openvino_default.NAME
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_output")
@@ -96,7 +100,7 @@ def test_an_adapter_carries_a_file_per_backend_and_its_variant_runs_on_both(
     assert backends["llama"]["identity"] != backends["openvino"]["identity"]
     assert [a["sha256"] for a in backends["openvino"]["adapters"]] == [
         files["openvino"]["sha256"]]
-    assert backends["openvino"]["identity"] == catalog.identity("vs", backend="openvino").key
+    assert backends["openvino"]["identity"] == resolve.identity(catalog, "vs", backend="openvino").key
     assert cli.main(["remove", OV]) == 3  # the adapter's OpenVINO file depends on it
     assert "used by style" in capsys.readouterr().err
 
@@ -109,23 +113,23 @@ def parity_world(tmp_path_factory: pytest.TempPathFactory, base_info) -> Any:
     register_default(catalog, tmp_path_factory)
     source = f.write_gguf_lora(tmp / "style.gguf", base_info, roles=ROLES, seed=3,
                                strength=0.05)
-    catalog.add_adapter("style", DEFAULT_MODEL_NAME, source)
-    catalog.convert_adapter("style", "openvino")
+    imports.add_adapter(catalog, "style", DEFAULT_MODEL_NAME, source)
+    imports.convert_adapter(catalog, "style", "openvino")
     catalog.add_variant("vs", DEFAULT_MODEL_NAME, [AdapterSpec("style", 1.0)])
     # llama.cpp on the very F16 weights the OpenVINO default was built from.
     f16 = Path(first_build(tmp_path_factory)["result"]["f16_gguf"])
-    catalog.add_model("f16", f16, "llama")
-    catalog.add_adapter("style16", "f16", source)
+    imports.add_model(catalog, "f16", f16, "llama")
+    imports.add_adapter(catalog, "style16", "f16", source)
     catalog.add_variant("vs16", "f16", [AdapterSpec("style16", 1.0)])
     # The same GGUF moved to PEFT without undoing llama.cpp's q/k row order: wrong.
-    catalog.add_adapter("raw", DEFAULT_MODEL_NAME, source)
+    imports.add_adapter(catalog, "raw", DEFAULT_MODEL_NAME, source)
     lora_io.write_peft(tmp / "raw", lora_io.read_gguf(source))
-    catalog.add_adapter_file("raw", OV, tmp / "raw")
+    imports.add_adapter_file(catalog, "raw", OV, tmp / "raw")
     catalog.add_variant("vraw", DEFAULT_MODEL_NAME, [AdapterSpec("raw", 1.0)])
     # An OpenVINO file with two tensors for a layer the model lacks (layer 99): our
     # coverage check warns and accepts it; OpenVINO GenAI prints its own warnings.
-    catalog.add_adapter("extra", DEFAULT_MODEL_NAME, source)
-    catalog.add_adapter_file("extra", OV, with_unknown_layer(tmp / "extra", source, base_info))
+    imports.add_adapter(catalog, "extra", DEFAULT_MODEL_NAME, source)
+    imports.add_adapter_file(catalog, "extra", OV, with_unknown_layer(tmp / "extra", source, base_info))
     catalog.add_variant("vextra", DEFAULT_MODEL_NAME, [AdapterSpec("extra", 1.0)])
     client = EngineClient()
     yield catalog, client
@@ -216,7 +220,7 @@ def test_parity_command_reports_kl_agreement_backends_and_no_openvino_warning(
         assert (result["first"]["backend"], result["second"]["backend"]) == ("llama",
                                                                              "openvino")
         assert result["first"]["name"] == result["second"]["name"] == "vs"
-        assert result["second"]["identity"] == catalog.identity("vs", backend="openvino").key
+        assert result["second"]["identity"] == resolve.identity(catalog, "vs", backend="openvino").key
         (row,) = result["prompts"]
         assert row["same_token_ids"] and len(row["kl"]) == len(row["first"]) == 4
         # The curated defaults' tolerance (docs/formats.md, "Parity").

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from engine import cli, openvino_default
-from engine.catalog import Catalog
+from engine import cli
+from engine.curated import openvino_default
+from engine.catalog.store import Catalog
 from tests import factories as f
 from tests.test_openvino_helpers import register_default
 

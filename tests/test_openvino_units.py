@@ -3,8 +3,8 @@ replicate it, and incremental detokenization."""
 
 from __future__ import annotations
 
-from engine.openvino_attach import MatMulLayer, plan, split_name
-from engine.openvino_backend import TextStream
+from engine.formats.openvino_ir import MatMulLayer, plan, split_name
+from engine.runtime.openvino.backend import TextStream
 
 Q0 = "__module.model.layers.0.self_attn.q_proj/aten::linear/MatMul"
 Q10 = "__module.model.layers.10.self_attn.q_proj/aten::linear/MatMul"

@@ -12,7 +12,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from engine.defaults import DEFAULT_MODEL_NAME
+from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.training import demo
 
 ROOT = Path(__file__).resolve().parents[1]

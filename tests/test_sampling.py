@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine.errors import UsageError
-from engine.sampling import Sampler, Sampling, StopMatcher, log_softmax
+from engine.runtime.sampler import Sampler, Sampling, StopMatcher, log_softmax
 
 
 def test_greedy_is_argmax_and_seeded_draws_repeat() -> None:

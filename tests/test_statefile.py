@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine import statefile
-from engine.statefile import StateFile
+from engine.state import statefile
+from engine.state.statefile import StateFile
 
 
 def test_missing_file_gives_default(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from engine.artifacts import BaseModelInfo
-from engine.templates import Message, TemplateError, render
+from engine.formats.artifacts import BaseModelInfo
+from engine.formats.templates import Message, TemplateError, render
 
 HELLO = [Message("user", "Hello")]
 

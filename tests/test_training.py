@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import cli, lora_io
-from engine.catalog import Catalog
-from engine.defaults import DEFAULT_MODEL_NAME as BASE
+from engine import cli
+from engine.formats import lora_io
+from engine.catalog.store import Catalog
+from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.errors import Cancelled, UsageError
 from engine.training import torch_available
 from engine.training.client import TrainingJob
@@ -254,8 +255,8 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(
 
 def test_training_attaches_the_openvino_file_when_the_base_has_a_counterpart(
         studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    from engine import openvino_default
-    from engine.spec import resolve
+    from engine.curated import openvino_default
+    from engine.catalog.resolve import resolve
     from tests.test_openvino_helpers import register_default
 
     register_default(Catalog(), tmp_path_factory)

@@ -24,13 +24,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import cli, lora_io
-from engine.catalog import Catalog
-from engine.defaults import DEFAULT_MODEL_NAME as BASE
+from engine import cli
+from engine.formats import lora_io
+from engine.catalog.store import Catalog
+from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.errors import UsageError
 from engine.training import torch_available
 from engine.training.job import TrainRequest, prepare
 from tests.test_training import sft_data
+from engine.curated import setup
+from engine.catalog import imports
 
 pytestmark = pytest.mark.skipif(not torch_available(),
                                 reason="PyTorch (the [train] extra) is not installed")
@@ -266,10 +269,10 @@ def test_continuing_an_adapter_without_alpha_keeps_its_scale(
         studio_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
         base_info) -> None:
     catalog = Catalog()
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
     file = _no_alpha_adapter(tmp_path / "noalpha.gguf", base_info.block_count,
                              base_info.embedding_length, 4)
-    catalog.add_adapter("noalpha", BASE, file)
+    imports.add_adapter(catalog, "noalpha", BASE, file)
     assert catalog.adapter("noalpha")["metadata"]["alpha"] is None
     data = sft_data(tmp_path / "data.jsonl")
     prepared = prepare(catalog, TrainRequest("more", BASE, str(data), {"steps": 1},

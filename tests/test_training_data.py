@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.artifacts import BaseModelInfo
+from engine.formats.artifacts import BaseModelInfo
 from engine.errors import UsageError
 from engine.training import data as data_mod
 from engine.training.config import TrainConfig

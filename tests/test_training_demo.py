@@ -11,12 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import cli, digest, lora_io
-from engine.catalog import Catalog
-from engine.defaults import DEFAULT_MODEL_NAME as BASE
+from engine import cli
+from engine.catalog import digest
+from engine.formats import lora_io
+from engine.catalog.store import Catalog
+from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.training import demo, torch_available
 from engine.training.client import TrainingJob
 from engine.training.job import TrainRequest
+from engine.curated import setup
 
 FOLDER = demo.resources_dir()
 RECORD = json.loads((FOLDER / demo.SHIPPED_PROVENANCE).read_text())
@@ -86,7 +89,7 @@ def test_fresh_catalog_offers_the_curated_demo(studio_home: Path,
 
 def test_a_bare_library_catalog_has_no_demo(studio_home: Path) -> None:
     catalog = Catalog()
-    catalog.ensure_initialized()  # library use (tests, tools): only the embedded base
+    setup.first_run(catalog)  # library use (tests, tools): only the embedded base
     data = catalog.data()
     assert list(data["models"]) == [BASE] and not data["adapters"] and not data["variants"]
 
@@ -107,7 +110,7 @@ def test_the_variant_beats_the_base_on_held_out_requests(studio_home: Path) -> N
     from engine.training import demo_eval
 
     catalog = Catalog()
-    catalog.ensure_initialized(demo=True)
+    setup.first_run(catalog, with_demo=True)
     rows = [json.loads(line) for line in (FOLDER / "heldout.jsonl").read_text().splitlines()]
     result = demo_eval.evaluate(catalog, demo.VARIANT_NAME, rows[::6])  # 10, all tools
     assert result["variant"]["lenient"] >= 0.8, result

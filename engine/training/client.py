@@ -1,6 +1,7 @@
 """Starting and watching a training worker, with no Qt and no torch.
 
-`TrainingJob` runs `python -m engine.training.worker` in its own process (so serving
+`TrainingJob` runs `python -m engine.training.worker` in its own process (a
+`ChildProcess`, the same primitive as the engine host's) (so serving
 and the window stay responsive, and a native crash cannot take them down), delivers
 its events to a callback on a reader thread, and guarantees that every job ends
 exactly once: finished, failed or cancelled. If the worker dies, the job fails with
@@ -10,18 +11,17 @@ the last lines of its log. The CLI uses it directly; the GUI wraps it in Qt sign
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from engine import protocol
 from engine.errors import Cancelled, EngineError, StudioError
+from engine.runtime import protocol
+from engine.runtime.worker import ChildProcess, describe_exit
 from engine.training.job import TrainRequest
 
 EventCallback = Callable[[dict[str, Any]], None]
+WORKER_MODULE = "engine.training.worker"
 
 
 class TrainingJob:
@@ -31,8 +31,7 @@ class TrainingJob:
         self.on_event = on_event
         self._env = env
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: deque[str] = deque(maxlen=200)
+        self._child: ChildProcess | None = None
         self.done = threading.Event()
         self.outcome: str | None = None  # finished | failed | cancelled
         self.result: dict[str, Any] | None = None
@@ -42,36 +41,15 @@ class TrainingJob:
 
     def start(self) -> TrainingJob:
         env = dict(os.environ if self._env is None else self._env)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.training.worker"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, bufsize=0,
-            start_new_session=True)
-        self._proc = proc
-        self.pid = proc.pid
-        threading.Thread(target=protocol.read_log, args=(proc.stderr, self._log), daemon=True,
-                         name="train-log").start()
-        threading.Thread(target=self._read_events, args=(proc,), daemon=True,
-                         name="train-events").start()
-        self._write(self.request.to_dict())
+        self._child = ChildProcess(WORKER_MODULE, env, self._dispatch, self._exited, "train")
+        self.pid = self._child.pid
+        self._child.write(self.request.to_dict())
         return self
 
-    def _write(self, message: dict[str, Any]) -> None:
-        proc = self._proc
-        if proc is None or proc.stdin is None:
-            return
-        try:
-            proc.stdin.write(protocol.encode(message))
-            proc.stdin.flush()
-        except OSError:
-            pass  # the reader sees the exit and fails the job
-
-    def _read_events(self, proc: subprocess.Popen[bytes]) -> None:
-        assert proc.stdout is not None
-        protocol.read_messages(proc.stdout, self._dispatch)
-        code = proc.wait()
+    def _exited(self, code: int) -> None:
         if not self.done.is_set():
-            tail = tuple(list(self._log)[-8:])
-            reason = (f"killed by signal {-code}" if code < 0 else f"exited with code {code}")
+            tail = tuple(self.log_tail(8))
+            reason = describe_exit(code, "the training worker")
             self._end("failed", None, EngineError(f"training worker stopped: {reason}",
                                                   details=tail))
 
@@ -100,12 +78,6 @@ class TrainingJob:
             message["error"] = protocol.error_payload(error)
         self._deliver(message)
         self.done.set()
-        proc = self._proc
-        if proc is not None and proc.stdin is not None:
-            try:
-                proc.stdin.close()
-            except OSError:
-                pass
 
     def _deliver(self, message: dict[str, Any]) -> None:
         if self.on_event is not None:
@@ -122,19 +94,15 @@ class TrainingJob:
             if self.done.is_set():
                 return
             self.cancel_requested = True
-        self._write({"op": "cancel"})
+        if self._child is not None:
+            self._child.write({"op": "cancel"})
 
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
         """Block until the job ends; the result, or its error raised."""
         if not self.done.wait(timeout):
             raise EngineError(f"training did not finish within {timeout} s")
-        proc = self._proc
-        if proc is not None:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if self._child is not None:
+            self._child.finish(30)
         if self.outcome == "finished":
             assert self.result is not None
             return self.result
@@ -144,9 +112,8 @@ class TrainingJob:
         raise self.error
 
     def kill(self) -> None:
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
+        if self._child is not None:
+            self._child.kill()
 
     def log_tail(self, count: int = 20) -> list[str]:
-        return list(self._log)[-count:]
+        return self._child.tail(count) if self._child is not None else []

@@ -11,8 +11,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from engine import naming
 from engine.errors import UsageError
+from engine.formats import naming
 
 DEFAULT_TARGETS = ("attn_q", "attn_v")
 # Pinned so that the numbers do not depend on which CPU runs them: PyTorch's own

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import RefusedError
-from engine.safeio import open_regular
-from engine.templates import ROLES, Message, TemplateError
+from engine.formats.safeio import open_regular
+from engine.formats.templates import ROLES, Message, TemplateError
 
 MAX_DATA_BYTES = 1 << 30
 MAX_REPORTED = 8

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.catalog import Catalog
+from engine.catalog.store import Catalog
 from engine.training import demo
 
 # Greedy; 48 tokens hold every expected call (the longest is about 35 tokens).
@@ -38,8 +38,8 @@ def evaluate(catalog: Catalog, variant: str, rows: list[dict[str, Any]],
     """
     import os
 
-    from engine.client import EngineClient
-    from engine.spec import resolve
+    from engine.catalog.resolve import resolve
+    from engine.runtime.client import EngineClient
 
     spec = (resolve(catalog, variant, backend=backend) if backend
             else resolve(catalog, variant)).to_dict()
@@ -71,9 +71,9 @@ def evaluate(catalog: Catalog, variant: str, rows: list[dict[str, Any]],
 def drift(model_path: Path, adapter_path: Path, texts: tuple[str, ...] = demo.DRIFT_TEXTS,
           threads: int = 2) -> dict[str, Any]:
     """Mean NLL per token of `texts` under the base and under base + adapter (llama.cpp)."""
-    from engine.digest import sha256_file
-    from engine.llama_backend import LlamaContext, LlamaModel
-    from engine.spec import AdapterFile
+    from engine.catalog.digest import sha256_file
+    from engine.catalog.resolve import AdapterFile
+    from engine.runtime.llama.backend import LlamaContext, LlamaModel
 
     model = LlamaModel(str(model_path), "drift")
     adapter = AdapterFile("drift", str(adapter_path), sha256_file(adapter_path), 1.0)

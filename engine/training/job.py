@@ -16,11 +16,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine import digest, lora_io, paths
-from engine.catalog import AdapterSpec, Catalog, now_iso
+from engine.catalog import digest, health, imports, resolve
+from engine.catalog.store import AdapterSpec, Catalog, now_iso
+from engine.curated import setup
 from engine.errors import Cancelled, RefusedError, UsageError
-from engine.safeio import printable
-from engine.statefile import write_json_atomic
+from engine.formats import lora_io
+from engine.formats.safeio import printable
+from engine.state import paths
+from engine.state.statefile import write_json_atomic
 from engine.training import ENABLE_HINT, provenance, torch_available
 from engine.training import data as data_mod
 from engine.training.config import DETERMINISM_ENV, TrainConfig
@@ -130,7 +133,7 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
 
 def _normal(key: str, value: Any) -> Any:
     if key == "targets":
-        from engine import naming
+        from engine.formats import naming
 
         text = value if isinstance(value, str) else ",".join(value)
         return naming.parse_targets(text)
@@ -150,7 +153,7 @@ def _check_free(catalog: Catalog, name: str) -> None:
 def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) -> dict[str, Any]:
     """Train, write the adapter files and the record, and import them (worker side)."""
     catalog = Catalog()
-    catalog.ensure_initialized()
+    setup.first_run(catalog)
     prepared = prepare(catalog, request)
     request, config = prepared.request, prepared.config
     base = prepared.base_record
@@ -166,7 +169,7 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
     init_weights = None
     init_sha = None
     if prepared.init_record is not None:
-        report = catalog.recheck_adapter(prepared.init_record["name"])
+        report = health.recheck_adapter(catalog, prepared.init_record["name"])
         if not report.ok:
             raise RefusedError(f"starting adapter {prepared.init_record['name']}: "
                                f"{report.reason()}")
@@ -263,7 +266,7 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
                               "system_prompt": data.system_prompt}
     if request.register:
         emit("stage", stage="importing into the catalog")
-        adapter = catalog.add_adapter(
+        adapter = imports.add_adapter(catalog,
             request.name, base["name"], run_dir / ADAPTER_FILE,
             source=f"trained by variant-studio (run {run_dir.name})", strict=True,
             provenance=record)
@@ -284,12 +287,12 @@ def attach_openvino(catalog: Catalog, name: str, base: str, files: dict[str, Any
     The catalog converts the stored GGUF (declaring the counterpart's digest); its
     tensors are the run's PEFT export byte for byte, which the result reports.
     """
-    counterpart = catalog.counterpart(base, "openvino")
+    counterpart = resolve.counterpart(catalog, base, "openvino")
     if counterpart is None:
         return {"attached": False, "peft_export": files["peft"]["file"],
                 "reason": f"no OpenVINO counterpart of {base} in the catalog yet; "
                           f"`variant-studio adapter convert {name}` attaches one later"}
-    entry = catalog.convert_adapter(name, "openvino", counterpart)
+    entry = imports.convert_adapter(catalog, name, "openvino", counterpart)
     return {"attached": True, "base": counterpart, "sha256": entry["sha256"],
             "same_tensors_as_export": entry["sha256"] == files["peft"]["sha256"]}
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine import gguf_file, naming
 from engine.errors import RefusedError
+from engine.formats import gguf_file, naming
 
 
 @dataclass(frozen=True)

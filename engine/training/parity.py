@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine import artifacts, lora_io
-from engine.artifacts import BaseModelInfo
+from engine.formats import artifacts, lora_io
+from engine.formats.artifacts import BaseModelInfo
 from engine.training.model import LlamaTorch
 
 # Plain prose, chat-formatted text, code and a JSON tool call: the kinds of text
@@ -61,9 +61,9 @@ class ParityReport:
 def llama_logprobs(path: Path, sequences: list[list[int]], adapter: Path | None,
                    threads: int = 2) -> list[np.ndarray]:
     """llama.cpp's next-token log-probabilities, (len - 1, vocab) per sequence."""
-    from engine.digest import sha256_file
-    from engine.llama_backend import LlamaContext, LlamaModel
-    from engine.spec import AdapterFile
+    from engine.catalog.digest import sha256_file
+    from engine.catalog.resolve import AdapterFile
+    from engine.runtime.llama.backend import LlamaContext, LlamaModel
 
     model = LlamaModel(str(path), "parity")
     adapters = ()

@@ -10,9 +10,9 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from engine.artifacts import BaseModelInfo
 from engine.errors import EngineError, RefusedError
-from engine.templates import Message, render
+from engine.formats.artifacts import BaseModelInfo
+from engine.formats.templates import Message, render
 
 
 class Tokenizer:
@@ -21,7 +21,7 @@ class Tokenizer:
     def __init__(self, path: Path, info: BaseModelInfo) -> None:
         import llama_cpp
 
-        from engine.llama_backend import init_runtime, recent_log
+        from engine.runtime.llama.backend import init_runtime, recent_log
 
         init_runtime()
         self._llama = llama_cpp

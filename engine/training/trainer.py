@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine import lora_io, naming
 from engine.errors import Cancelled, RefusedError
+from engine.formats import lora_io, naming
 from engine.training.config import TrainConfig
 from engine.training.data import DataSet, Sequence
 from engine.training.model import LlamaTorch
@@ -272,7 +272,7 @@ class Trainer:
     def load_checkpoint(self, path: Path) -> None:
         from safetensors import safe_open
 
-        from engine import safetensors_file
+        from engine.formats import safetensors_file
 
         safetensors_file.read_header(path)  # strict structural checks first
         with safe_open(str(path), framework="numpy") as handle:

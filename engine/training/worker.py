@@ -7,7 +7,7 @@ went away). On the protocol descriptor the worker writes events (`stage`, `data`
 one of `finished` (with `result`), `failed` (with `error`) or `cancelled`.
 
 The determinism settings are put into the environment before torch is imported, and
-fd 1 is pointed at stderr so native prints cannot corrupt the protocol.
+the protocol has its own descriptor (`ChildChannel`), so native prints cannot corrupt it.
 """
 
 from __future__ import annotations
@@ -19,21 +19,15 @@ import threading
 import traceback
 from typing import Any
 
-from engine import protocol
 from engine.errors import Cancelled, StudioError, UsageError
+from engine.runtime import protocol
+from engine.runtime.worker import ChildChannel
 
 
 class Worker:
-    def __init__(self, out_fd: int) -> None:
-        self._out = out_fd
-        self._lock = threading.Lock()
+    def __init__(self, channel: ChildChannel) -> None:
+        self.send = channel.send
         self.cancel = threading.Event()
-
-    def send(self, message: dict[str, Any]) -> None:
-        data = memoryview(protocol.encode(message))
-        with self._lock:
-            while data:
-                data = data[os.write(self._out, data):]
 
     def emit(self, event: str, **payload: Any) -> None:
         self.send({"event": event, **payload})
@@ -86,10 +80,7 @@ class Worker:
 
 
 def main() -> int:
-    out_fd = os.dup(1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    return Worker(out_fd).run()
+    return Worker(ChildChannel()).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,192 @@
+"""From a catalog name to what the engine serves: the serving base on a backend, the
+identity, and the fully resolved session specification.
+
+The client resolves a name into paths, digests, scales and an identity; the engine
+process re-verifies every file against these digests before anything native touches
+it, so the identity always describes the bytes actually served. Sampling is not part
+of a spec: it travels once, in the request (`Sampling.of_profile` gives a profile's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.catalog.identity import AdapterRef, ContextConfig, Identity, runtime_version
+from engine.catalog.profiles import DEFAULT_PROFILE, Sampling
+from engine.catalog.store import BACKENDS, AdapterSpec, Catalog
+from engine.errors import RefusedError, StudioError, UsageError
+
+
+@dataclass(frozen=True)
+class AdapterFile:
+    name: str
+    path: str
+    sha256: str
+    scale: float
+    config_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    name: str  # the variant or model name, for labels
+    kind: str  # "model" or "variant"
+    identity: Identity
+    base_name: str
+    base_path: str
+    adapters: tuple[AdapterFile, ...]
+    system_prompt: str
+
+    @property
+    def backend(self) -> str:
+        return self.identity.backend
+
+    def base_spec(self) -> SessionSpec:
+        """The same base with no adapters (for side-by-side comparison)."""
+        return SessionSpec(self.base_name, "model", self.identity.base_only(), self.base_name,
+                           self.base_path, (), self.system_prompt)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "kind": self.kind, "identity": self.identity.to_dict(),
+            "base_name": self.base_name, "base_path": self.base_path,
+            "adapters": [a.__dict__ for a in self.adapters],
+            "system_prompt": self.system_prompt,
+        }
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> SessionSpec:
+        ident = dict(data["identity"])
+        ident.pop("key", None)
+        return SessionSpec(
+            name=data["name"], kind=data["kind"], identity=Identity.from_dict(ident),
+            base_name=data["base_name"], base_path=data["base_path"],
+            adapters=tuple(AdapterFile(**a) for a in data["adapters"]),
+            system_prompt=data["system_prompt"],
+        )
+
+
+def resolve(catalog: Catalog, name: str, n_ctx: int | None = None,
+            backend: str | None = None) -> SessionSpec:
+    """Resolve a model or variant name into what the engine needs to serve it.
+
+    `backend` serves it on another backend than its base's: the base's counterpart
+    there and each adapter's file for that backend (`serving_base`).
+    """
+    kind, record = catalog.find(name)
+    ident = identity(catalog, name, n_ctx, backend)
+    base = catalog.model(serving_base(catalog, name, backend))
+    adapters: tuple[AdapterFile, ...] = ()
+    if kind == "variant":
+        adapters = tuple(
+            AdapterFile(a["name"], stored["path"], stored["sha256"], a["scale"],
+                        stored.get("config_sha256"))
+            for a in record["adapters"]
+            for stored in (catalog.adapter_file(a["name"], base["backend"]),)
+        )
+    return SessionSpec(name, kind, ident, base["name"], base["path"], adapters,
+                       profile(catalog, name).get("system_prompt", ""))
+
+
+def profile(catalog: Catalog, name: str) -> dict[str, Any]:
+    """The runtime profile of a variant; a plain base model has the defaults."""
+    kind, record = catalog.find(name)
+    return dict(record["profile"]) if kind == "variant" else dict(DEFAULT_PROFILE)
+
+
+def sampling(catalog: Catalog, name: str, **overrides: Any) -> Sampling:
+    """The sampling a request for `name` uses: its profile's, with `overrides` on top.
+
+    A plain base model has no profile of its own and samples with the defaults."""
+    kind, record = catalog.find(name)
+    return Sampling.of_profile(record["profile"] if kind == "variant" else {}, **overrides)
+
+
+def identity(catalog: Catalog, name: str, n_ctx: int | None = None,
+             backend: str | None = None) -> Identity:
+    """The identity of a base model or variant as it would be served now.
+
+    `backend` serves a variant on another backend: its base's counterpart there,
+    and each adapter's file for that backend (see `serving_base`).
+    """
+    kind, record = catalog.find(name)
+    if kind == "adapter":
+        raise UsageError(f"{name!r} is an adapter; serve it through a variant")
+    if kind == "model":
+        base = serving_base(catalog, name, backend)
+        return identity_of_parts(catalog, base, [], n_ctx or DEFAULT_PROFILE["n_ctx"])
+    specs = [AdapterSpec(a["name"], a["scale"]) for a in record["adapters"]]
+    return identity_of_parts(catalog, serving_base(catalog, name, backend), specs,
+                             n_ctx or int(record["profile"].get("n_ctx", 4096)))
+
+
+def identity_of_parts(catalog: Catalog, base_name: str, adapters: list[AdapterSpec],
+                      n_ctx: int) -> Identity:
+    """The identity a variant with these parts would have (nothing is saved)."""
+    base = catalog.model(base_name)
+    refs = tuple(AdapterRef(a.name, catalog.adapter_file(a.name, base["backend"])["sha256"],
+                            a.scale) for a in adapters)
+    meta = base["metadata"]
+    return Identity(
+        backend=base["backend"],
+        base_name=base["name"],
+        base_sha256=base["sha256"],
+        adapters=refs,
+        chat_template_sha256=meta.get("chat_template_sha256"),
+        bos_policy=f"add_bos={str(meta.get('add_bos')).lower()};"
+                   f"bos={meta.get('bos_token_id')}",
+        runtime=runtime_version(base["backend"]),
+        context=ContextConfig(n_ctx=n_ctx),
+    )
+
+
+def serving_base(catalog: Catalog, name: str, backend: str | None = None) -> str:
+    """The base model that serves model or variant `name` on `backend`."""
+    kind, record = catalog.find(name)
+    base = name if kind == "model" else record["base"]
+    if backend is None or catalog.model(base)["backend"] == backend:
+        return base
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r} (llama or openvino)")
+    other = counterpart(catalog, base, backend)
+    if other is None:
+        raise RefusedError(f"{base} has no counterpart on {backend}: no {backend} model "
+                           f"in the catalog was built from it")
+    if kind == "variant":
+        for entry in record["adapters"]:
+            catalog.adapter_file(entry["name"], backend)  # refuses a missing file
+    return other
+
+
+def backends_for(catalog: Catalog, name: str) -> list[tuple[str, str | None]]:
+    """Each backend with None if it can serve `name`, else the reason it cannot.
+
+    The base's own backend comes first.
+    """
+    own = catalog.model(serving_base(catalog, name))["backend"]
+    out: list[tuple[str, str | None]] = []
+    for backend in (own, *(b for b in BACKENDS if b != own)):
+        try:
+            serving_base(catalog, name, backend)
+            out.append((backend, None))
+        except StudioError as exc:
+            out.append((backend, exc.message))
+    return out
+
+
+def counterpart(catalog: Catalog, base: str, backend: str) -> str | None:
+    """The model with the same weights as `base` on `backend`, if the catalog has one.
+
+    Known pairs are models built from another (`built_from.sha256`), in either
+    direction: the curated OpenVINO default mirrors the llama.cpp default this way.
+    """
+    record = catalog.model(base)
+    if record["backend"] == backend:
+        return base
+    for other in catalog.data()["models"].values():
+        if other.get("backend") != backend:
+            continue
+        if (other.get("built_from", {}).get("sha256") == record["sha256"]
+                or record.get("built_from", {}).get("sha256") == other.get("sha256")):
+            return other["name"]
+    return None

@@ -1,0 +1,316 @@
+"""The catalog's records: base models, adapters and variants in `catalog.json`.
+
+Adapters are installed artifacts (copied into the store by `engine.catalog.imports`);
+base models stay where they are and are re-verified by digest; variants are selectable
+models: a base plus ordered adapters with scales plus a profile. This module reads and
+looks up records, composes and removes them; every write goes through the state file's
+lock, and nothing that fails a check is written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.catalog import digest, validation
+from engine.catalog.profiles import DEFAULT_PROFILE, check_profile
+from engine.errors import RefusedError, StateError, UnknownNameError, UsageError
+from engine.formats import artifacts
+from engine.formats.artifacts import AdapterInfo, BaseModelInfo
+from engine.formats.safeio import printable
+from engine.state import paths
+from engine.state.statefile import StateFile
+
+KINDS = ("models", "adapters", "variants")
+BACKENDS = ("llama", "openvino")
+SCHEMA_VERSION = 1
+
+
+def empty() -> dict[str, Any]:
+    return {"version": SCHEMA_VERSION, "models": {}, "adapters": {}, "variants": {}}
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One adapter in a variant, as given on the command line (`NAME[:SCALE]`)."""
+
+    name: str
+    scale: float = 1.0
+
+    @staticmethod
+    def parse(text: str) -> AdapterSpec:
+        name, sep, scale_text = text.rpartition(":") if ":" in text else (text, "", "")
+        if not sep:
+            return AdapterSpec(text, 1.0)
+        try:
+            scale = float(scale_text)
+        except ValueError:
+            raise UsageError(f"invalid scale {scale_text!r} for adapter {name!r}") from None
+        return AdapterSpec(name, scale)
+
+
+@dataclass(frozen=True)
+class BaseStatus:
+    name: str
+    ok: bool
+    detail: str
+    sha256: str | None = None
+
+
+@dataclass
+class Catalog:
+    """Operations over the catalog file. Cheap to create; holds no open resources.
+
+    Not shared across threads: a worker thread makes its own `Catalog(state)` (the
+    inspection memo below is per object).
+    """
+
+    state: StateFile = field(default_factory=lambda: StateFile(paths.catalog_file(), empty))
+    # Inspections of stored files, per (path, sha256): the same bytes inspect the same.
+    _inspected: dict[tuple[str, str], BaseModelInfo | AdapterInfo] = field(
+        default_factory=dict)
+
+    # ------------------------------------------------------------------ reading
+
+    def exists(self) -> bool:
+        return self.state.path.exists()
+
+    def data(self) -> dict[str, Any]:
+        data = self.state.load()
+        if data.get("version") != SCHEMA_VERSION or not all(
+            isinstance(data.get(k), dict) for k in KINDS
+        ):
+            raise StateError(f"{self.state.path} has an unknown layout (version "
+                             f"{printable(str(data.get('version')))})")
+        return data
+
+    def find(self, name: str) -> tuple[str, dict[str, Any]]:
+        """(kind, record) for `name`, kind being 'model', 'adapter' or 'variant'."""
+        data = self.data()
+        for kind in KINDS:
+            if name in data[kind]:
+                return kind[:-1], data[kind][name]
+        raise UnknownNameError(f"no model, adapter or variant named {printable(name)!r}"
+                               + _did_you_mean(name, [n for k in KINDS for n in data[k]]))
+
+    def model(self, name: str) -> dict[str, Any]:
+        kind, record = self.find(name)
+        if kind != "model":
+            raise UnknownNameError(f"{name!r} is a {kind}, not a base model")
+        return record
+
+    def adapter(self, name: str) -> dict[str, Any]:
+        kind, record = self.find(name)
+        if kind != "adapter":
+            raise UnknownNameError(f"{name!r} is a {kind}, not an adapter")
+        return record
+
+    def variant(self, name: str) -> dict[str, Any]:
+        kind, record = self.find(name)
+        if kind != "variant":
+            raise UnknownNameError(f"{name!r} is a {kind}, not a variant")
+        return record
+
+    def adapter_file(self, name: str, backend: str) -> dict[str, Any]:
+        """The record of adapter `name`'s file for `backend` (path, sha256, base...)."""
+        record = self.adapter(name)
+        if record["backend"] == backend:
+            return record
+        files = record.get("files", {})
+        if backend not in files:
+            raise RefusedError(f"adapter {name} has no {backend} file (add one with "
+                               f"`variant-studio adapter convert {name}`)")
+        return files[backend]
+
+    # ------------------------------------------------------------------ inspection
+
+    def base_info(self, record: dict[str, Any]) -> BaseModelInfo:
+        """Inspect a base model's file (memoised per path and digest)."""
+        info = self._inspect(record)
+        if not isinstance(info, BaseModelInfo):
+            raise RefusedError(f"{record['name']}: {record['path']} is no longer a base model")
+        return info
+
+    def adapter_info(self, record: dict[str, Any]) -> AdapterInfo:
+        """Inspect a stored adapter file (memoised per path and digest, like
+        `base_info`: call it once the file's digest was checked against the record)."""
+        info = self._inspect(record)
+        if not isinstance(info, AdapterInfo):
+            raise RefusedError(f"adapter {record['name']}: stored file is not an adapter")
+        return info
+
+    def _inspect(self, record: dict[str, Any]) -> BaseModelInfo | AdapterInfo:
+        """`artifacts.inspect_path` of a record's file, memoised per path and digest
+        (callers check the digest against the record first)."""
+        key = (record["path"], record["sha256"])
+        if key not in self._inspected:
+            self._inspected[key] = artifacts.inspect_path(Path(record["path"]))
+        return self._inspected[key]
+
+    def verify_base(self, name: str, progress: digest.Progress | None = None,
+                    cancelled: digest.CancelCheck | None = None) -> BaseStatus:
+        """Is the base file still the one we recorded? (Instant when unchanged.)"""
+        record = self.model(name)
+        try:
+            current = digest.content_digest(Path(record["path"]), progress, cancelled)
+        except artifacts.InspectionError as exc:
+            return BaseStatus(name, False, f"file unavailable: {exc.message}")
+        if current != record["sha256"]:
+            return BaseStatus(name, False, f"file changed on disk: sha256 is now "
+                              f"{current[:16]}…, recorded {record['sha256'][:16]}…", current)
+        return BaseStatus(name, True, "digest matches the recorded sha256", current)
+
+    # ------------------------------------------------------------------ writing
+
+    def insert(self, kind: str, record: dict[str, Any], *, replace: bool = False,
+               check: Any = None) -> None:
+        """Add `record` under `kind` ("models", "adapters", "variants"), under the lock.
+
+        `check()` runs under the lock first (a cancelled import raises there, so it is
+        never recorded); the name must be free unless `replace`.
+        """
+        def change(data: dict) -> dict:
+            if check is not None:
+                check()
+            if not replace or record["name"] not in data[kind]:
+                self.check_free(record["name"], data)
+            data[kind][record["name"]] = record
+            return data
+
+        self.state.update(change)
+
+    def check_free(self, name: str, data: dict | None = None) -> None:
+        data = data if data is not None else self.data()
+        for kind in KINDS:
+            if name in data[kind]:
+                raise UsageError(f"the name {name!r} is already used by a {kind[:-1]}")
+
+    # ------------------------------------------------------------------ variants
+
+    def add_variant(
+        self,
+        name: str,
+        base: str,
+        adapters: list[AdapterSpec],
+        profile: dict[str, Any] | None = None,
+        curated: bool = False,
+        replace: bool = False,
+    ) -> dict[str, Any]:
+        paths.check_name(name, "variant name")
+        if not replace:
+            self.check_free(name)
+        record = self.make_variant_record(name, base, adapters, profile, curated)
+        self.insert("variants", record, replace=replace)
+        return record
+
+    def make_variant_record(self, name: str, base: str, adapters: list[AdapterSpec],
+                            profile: dict[str, Any] | None = None,
+                            curated: bool = False) -> dict[str, Any]:
+        """Check a variant's parts and build its record (nothing is written)."""
+        base_record = self.model(base)
+        if not adapters:
+            raise UsageError("a variant needs at least one --adapter")
+        seen = set()
+        entries = []
+        for spec in adapters:
+            validation.require_scale(spec.scale, f"adapter {spec.name}")
+            if spec.name in seen:
+                raise RefusedError(f"adapter {spec.name} is listed twice")
+            seen.add(spec.name)
+            adapter = self.adapter(spec.name)
+            if adapter["backend"] != base_record["backend"]:
+                if base_record["backend"] not in adapter.get("files", {}):
+                    raise RefusedError(f"adapter {spec.name} is for {adapter['backend']}, base "
+                                       f"{base} runs on {base_record['backend']}")
+                adapter = adapter["files"][base_record["backend"]]
+            if adapter["base"] != base and adapter["base_sha256"] != base_record["sha256"]:
+                raise RefusedError(f"adapter {spec.name} was validated for base "
+                                   f"{adapter['base']}, not {base}")
+            entries.append({"name": spec.name, "scale": float(spec.scale) + 0.0})
+        merged = dict(DEFAULT_PROFILE)
+        merged.update(check_profile(profile or {}))
+        return {
+            "name": name,
+            "kind": "variant",
+            "backend": base_record["backend"],
+            "base": base,
+            "adapters": entries,
+            "profile": merged,
+            "curated": curated,
+            "created_at": now_iso(),
+        }
+
+    # ------------------------------------------------------------------ removal
+
+    def remove(self, name: str) -> str:
+        kind, record = self.find(name)
+        users = self.dependents(name)
+        if users:
+            raise RefusedError(f"{name} is used by {', '.join(sorted(users))}; remove "
+                               "those first")
+
+        def drop(data: dict) -> dict:
+            data[kind + "s"].pop(name, None)
+            return data
+
+        self.state.update(drop)
+        if kind == "adapter":
+            shutil.rmtree(paths.adapter_store(name), ignore_errors=True)
+            shipped = paths.data_dir() / "shipped" / name
+            if Path(record["path"]).parent == shipped:
+                shutil.rmtree(shipped, ignore_errors=True)
+        return kind
+
+    def dependents(self, name: str) -> list[str]:
+        data = self.data()
+        users = [a for a, r in data["adapters"].items() if r.get("base") == name
+                 or any(f.get("base") == name for f in r.get("files", {}).values())]
+        for v, r in data["variants"].items():
+            if r.get("base") == name or any(a["name"] == name for a in r["adapters"]):
+                users.append(v)
+        return users
+
+    # ------------------------------------------------------------------ findings
+
+    def record_cross_check(self, adapters: Sequence[tuple[str, str]], backend: str,
+                           summary: dict[str, Any]) -> list[str]:
+        """Keep a parity run's findings on the `backend` file of each adapter it ran.
+
+        `adapters` are (name, sha256) of the files that ran. Only a file whose digest
+        is still the one that ran gets the summary (as `cross_check`), so a record
+        never describes other bytes. Returns the names of the adapters recorded.
+        """
+        recorded: list[str] = []
+
+        def note(data: dict) -> dict:
+            recorded.clear()  # in case the update is applied more than once
+            for name, sha256 in adapters:
+                record = data["adapters"].get(name)
+                if record is None:
+                    continue
+                entry = (record if record["backend"] == backend
+                         else record.get("files", {}).get(backend))
+                if entry is not None and entry.get("sha256") == sha256:
+                    entry["cross_check"] = summary
+                    recorded.append(name)
+            return data
+
+        if adapters:
+            self.state.update(note)
+        return recorded
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    """"; did you mean 'x'?" for a near miss, else nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -1,0 +1,163 @@
+"""The `variant-studio` argument parser: every command, option and its help text."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, NoReturn
+
+from engine import __version__
+from engine.catalog.store import BACKENDS
+from engine.errors import UsageError
+
+BACKEND_HELP = "llama (llama.cpp, GGUF) or openvino (OpenVINO, PEFT)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors become `UsageError` (one line, exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="variant-studio", description="Local custom models: base + LoRA "
+                    "adapters + profile = variant.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"variant-studio {__version__}")
+    sub = parser.add_subparsers(dest="command", parser_class=Parser)
+
+    gui = sub.add_parser("gui", help="open the desktop app (the default)")
+    gui.add_argument("file", nargs="?", help="an adapter file or folder to import at start")
+    gui.add_argument("--check", action="store_true",
+                     help="open the window, print what it shows as JSON, and quit")
+
+    _model_parser(sub)
+    _adapter_parser(sub)
+    variant = sub.add_parser("variant", help="variants").add_subparsers(
+        dest="action", required=True, parser_class=Parser)
+    vadd = variant.add_parser("add", help="compose a variant from a base and adapters")
+    vadd.add_argument("name", help="name of the new variant")
+    vadd.add_argument("--base", required=True, help="the base model it runs on")
+    vadd.add_argument("--adapter", action="append", required=True, metavar="ADAPTER[:SCALE]",
+                      help="an adapter and its scale (default 1); repeat, in order")
+
+    gen = sub.add_parser("generate", help="generate text with a model or variant")
+    gen.add_argument("name", help="a base model or variant")
+    _generation_flags(gen)
+    gen.add_argument("--system", help="system prompt (chat mode; default: the variant's)")
+    gen.add_argument("--top-p", type=float, help="nucleus sampling threshold, 0..1")
+    gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens (0: all)")
+    gen.add_argument("--backend", choices=BACKENDS,
+                     help=f"serve on this backend, {BACKEND_HELP} (a variant needs adapter "
+                          "files for it)")
+    cmp_ = sub.add_parser("compare", help="base and variant side by side")
+    cmp_.add_argument("name", metavar="VARIANT", help="the variant to compare with its base")
+    _generation_flags(cmp_)
+    cmp_.add_argument("--backend", choices=BACKENDS,
+                      help=f"serve on this backend, {BACKEND_HELP} (the variant needs "
+                           "adapter files for it)")
+    par = sub.add_parser("parity", help="the same model or variant on llama.cpp and OpenVINO: "
+                         "greedy agreement and next-token distributions")
+    par.add_argument("name", help="a base model or variant of the embedded model")
+    par.add_argument("--prompt", action="append", help="a chat prompt (repeatable; default: "
+                     "four built-in prompts)")
+    par.add_argument("--tokens", type=int, default=8, help="greedy tokens per prompt (1..256)")
+    par.add_argument("--genai", action="store_true", help="also run OpenVINO GenAI's own "
+                     "MODE_DYNAMIC LoRA and report what it prints")
+    par.add_argument("--json", action="store_true", help="print the whole report as JSON")
+
+    lst = sub.add_parser("list", help="list models, adapters and variants")
+    lst.add_argument("--json", action="store_true", help="print JSON")
+    show = sub.add_parser("show", help="show one entry with its checks")
+    show.add_argument("name", help="a model, adapter or variant")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    rm = sub.add_parser("remove", help="remove an entry (adapters are deleted from the store)")
+    rm.add_argument("name", help="a model, adapter or variant nothing else uses")
+    status = sub.add_parser("status", help="data directory, catalog and engine state")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    doctor = sub.add_parser("doctor", help="check the installation and every catalog entry")
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+    _train_parser(sub)
+    return parser
+
+
+def _model_parser(sub: Any) -> None:
+    model = sub.add_parser("model", help="base models").add_subparsers(
+        dest="action", required=True, parser_class=Parser)
+    madd = model.add_parser("add", help="register a base model (GGUF file or OpenVINO folder)")
+    madd.add_argument("name", help="name of the new base model")
+    madd.add_argument("--file", required=True, type=Path,
+                      help="the GGUF file or OpenVINO IR folder (it stays where it is)")
+    madd.add_argument("--backend", choices=BACKENDS,
+                      help=f"the backend that serves it, {BACKEND_HELP} (default: by format)")
+    madd.add_argument("--source", help="where it came from, for its provenance")
+    madd.add_argument("--curated", action="store_true", help="mark it as curated")
+    model.add_parser("openvino-default", help="build (the first time) and add the curated "
+                     "OpenVINO default base, made from the embedded GGUF")
+
+
+def _adapter_parser(sub: Any) -> None:
+    adapter = sub.add_parser("adapter", help="LoRA adapters").add_subparsers(
+        dest="action", required=True, parser_class=Parser)
+    aadd = adapter.add_parser("add", help="import an adapter for a base model")
+    aadd.add_argument("name", help="name of the new adapter")
+    aadd.add_argument("--base", required=True, help="the base model it was made for")
+    aadd.add_argument("--file", required=True, type=Path,
+                      help="a GGUF LoRA file, or a PEFT folder or .safetensors file")
+    aadd.add_argument("--source", help="where it came from, for its provenance")
+    aadd.add_argument("--strict", action="store_true",
+                      help="refuse unless the adapter declares its base's sha256")
+    aconv = adapter.add_parser("convert", help="give an adapter a file for the other backend "
+                               "(GGUF <-> PEFT, validated against that backend's base)")
+    aconv.add_argument("name", help="the adapter to convert")
+    aconv.add_argument("--backend", choices=BACKENDS,
+                       help="target backend (default: the one the adapter lacks)")
+    aconv.add_argument("--base", help="target base (default: the counterpart of its base)")
+    afile = adapter.add_parser("convert-file", help="convert a LoRA file: GGUF -> PEFT folder "
+                               "or PEFT -> GGUF file")
+    afile.add_argument("source", type=Path, help="the LoRA to convert")
+    afile.add_argument("target", type=Path, help="where to write the converted LoRA")
+    afile.add_argument("--base", help="the base whose head counts order q/k rows "
+                       "(default: the embedded llama.cpp model)")
+
+
+def _train_parser(sub: Any) -> None:
+    train = sub.add_parser("train", help="train a LoRA adapter through the GGUF file you "
+                           "serve (needs the [train] extra)")
+    train.add_argument("name", help="name of the new adapter")
+    train.add_argument("--base", required=True, help="a GGUF base model in the catalog")
+    train.add_argument("--data", required=True, type=Path, help="JSONL training data")
+    train.add_argument("--steps", type=int, help="optimizer steps")
+    train.add_argument("--rank", type=int, help="LoRA rank")
+    train.add_argument("--alpha", type=float, help="LoRA alpha (the multiplier is alpha/rank)")
+    train.add_argument("--lr", type=float, help="learning rate")
+    train.add_argument("--targets", help="projections to adapt, e.g. q,v (default)")
+    train.add_argument("--seq-len", type=int, dest="seq_len",
+                       help="tokens per training sequence")
+    train.add_argument("--batch", type=int, help="sequences per step")
+    train.add_argument("--seed", type=int, help="random seed (same seed, same bytes)")
+    train.add_argument("--threads", type=int, help="CPU threads (part of the recorded "
+                       "configuration: results are reproducible per thread count)")
+    train.add_argument("--train-eot", action="store_true", dest="train_eot",
+                       help="also train the end-of-turn token so answers learn to stop")
+    train.add_argument("--init-adapter", dest="init_adapter", metavar="ADAPTER",
+                       help="continue training this adapter")
+    train.add_argument("--save-every", type=int, dest="save_every", metavar="N",
+                       help="write a checkpoint every N steps")
+    train.add_argument("--resume", type=Path, metavar="CHECKPOINT",
+                       help="resume a stopped run from its checkpoint")
+    train.add_argument("--dpo", action="store_true", help="preference training (DPO)")
+    train.add_argument("--dpo-beta", type=float, dest="dpo_beta",
+                       help="DPO strength (needs --dpo)")
+    train.add_argument("--variant", help="also create this variant (base + the adapter)")
+    train.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _generation_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompt", required=True, help="the prompt text")
+    parser.add_argument("--chat", action="store_true", help="apply the chat template")
+    parser.add_argument("--max-tokens", type=int, help="at most this many new tokens")
+    parser.add_argument("--temperature", type=float, help="0 is greedy (default: the profile's)")
+    parser.add_argument("--seed", type=int, help="sampling seed (default: the profile's)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")

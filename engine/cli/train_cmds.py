@@ -1,0 +1,88 @@
+"""The train command: a LoRA adapter trained in its own worker process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from engine.catalog.store import Catalog
+from engine.cli.output import emit_json
+from engine.errors import RefusedError, UsageError
+
+
+def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
+    from engine.training import ENABLE_HINT, torch_available
+    from engine.training.client import TrainingJob
+    from engine.training.job import TrainRequest, prepare
+
+    if not torch_available():
+        raise RefusedError(ENABLE_HINT)
+    if args.dpo_beta is not None and not args.dpo:
+        raise UsageError("--dpo-beta is the preference-training strength: add --dpo "
+                         "(supervised training has no beta)")
+    settings: dict[str, Any] = {}
+    for key in ("steps", "rank", "alpha", "lr", "targets", "seq_len", "batch", "seed",
+                "save_every", "dpo_beta", "threads"):
+        value = getattr(args, key)
+        if value is not None:
+            settings[key] = value
+    for flag in ("train_eot", "dpo"):
+        if getattr(args, flag):
+            settings[flag] = True
+    request = TrainRequest(name=args.name, base=args.base, data=str(args.data),
+                           settings=settings, init_adapter=args.init_adapter,
+                           resume=str(args.resume) if args.resume else None,
+                           variant=args.variant)
+    prepared = prepare(catalog, request)  # refuse a bad request before starting anything
+    quiet = bool(args.json)
+
+    def on_event(event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "warning":
+            print(f"warning: {event['message']}", file=sys.stderr)
+        elif kind == "stopped":  # with --json too: the only way to learn the checkpoint
+            if event.get("checkpoint"):
+                print(f"stopped at step {event['step']}; resume with --resume "
+                      f"{event['checkpoint']}", file=sys.stderr)
+        elif quiet:
+            return
+        elif kind == "stage":
+            print(f"{event['stage']}…", file=sys.stderr)
+        elif kind == "data":
+            print(f"data: {event['examples']} examples, {event['target_tokens']} target "
+                  f"tokens ({', '.join(event['kinds'])}), sha256 {event['sha256'][:16]}…",
+                  file=sys.stderr)
+        elif kind == "resumed":
+            print(f"resumed at step {event['step']}/{event['steps']}", file=sys.stderr)
+        elif kind == "progress":
+            extra = (f" reward-acc {event['reward_accuracy']:.2f}"
+                     if "reward_accuracy" in event else "")
+            print(f"step {event['step']}/{event['steps']} loss {event['loss']:.4f} "
+                  f"lr {event['lr']:.2e}{extra} ({event['seconds']:.0f} s, "
+                  f"eta {event['eta']:.0f} s)", file=sys.stderr)
+        elif kind == "checkpoint":
+            print(f"checkpoint at step {event['step']}: {event['path']}", file=sys.stderr)
+
+    job = TrainingJob(prepared.request, on_event).start()
+    try:
+        result = job.wait()
+    except KeyboardInterrupt:
+        job.cancel()
+        job.done.wait(60)
+        raise
+    record = result["provenance"]
+    if args.json:
+        emit_json(result)
+        return 0
+    files = result["files"]
+    print(f"trained adapter {result['adapter']} in {record['steps']} steps "
+          f"({record['time']['train_seconds']:.0f} s), loss {record['loss']['first']:.4f} "
+          f"→ {record['loss']['last']:.4f}")
+    print(f"  GGUF (llama.cpp): sha256 {files['gguf']['sha256']}")
+    print(f"  PEFT (OpenVINO):  sha256 {files['peft']['sha256']}")
+    print(f"  run directory: {result['run_dir']} (provenance.json beside the adapter)")
+    if result.get("variant"):
+        print(f"  variant {result['variant']} = {args.base} + {result['adapter']}")
+    return 0
+

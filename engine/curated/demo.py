@@ -1,0 +1,76 @@
+"""The shipped demo: a trained adapter (resources/demo/) and its curated variant.
+
+`tool-calls` turns plain requests into JSON tool calls; how it was trained and how it
+is scored lives in `engine.training.demo`. Here are its names and files, and the step
+that adds it to a new catalog.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from engine.catalog import digest, imports
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.curated import embedded
+from engine.errors import StudioError
+from engine.state.statefile import add_notice
+
+ADAPTER_NAME = "tool-calls-lora"
+VARIANT_NAME = "tool-calls"
+SYSTEM_PROMPT = (
+    "Reply with one JSON tool call, {\"tool\": NAME, \"args\": {...}}. Tools: "
+    "get_weather(city, day), set_timer(minutes), send_email(to, subject), "
+    "play_music(artist), convert_currency(amount, from, to).")
+# The recorded configuration of the shipped adapter (see its provenance.json).
+DEMO_SETTINGS: dict[str, Any] = {
+    "targets": ["attn_q", "attn_v"], "rank": 8, "alpha": 16.0, "lr": 2e-3, "steps": 50,
+    "batch": 8, "seq_len": 128, "seed": 7, "train_eot": True, "threads": 2,
+}
+# The demo variant's profile: greedy, so the comparison view shows the adapter's effect.
+DEMO_PROFILE: dict[str, Any] = {"system_prompt": SYSTEM_PROMPT, "temperature": 0.0,
+                                "max_tokens": 64, "repeat_penalty": 1.0}
+
+SHIPPED_ADAPTER = "adapter.gguf"
+SHIPPED_PROVENANCE = "provenance.json"
+SHIPPED_PEFT = "peft"
+
+
+def resources_dir() -> Path:
+    """resources/demo in the source tree (the app runs from its checkout)."""
+    return Path(__file__).resolve().parents[2] / "resources" / "demo"
+
+
+def seed_catalog(catalog: Catalog) -> bool:
+    """Add the shipped demo adapter (curated, strictly verified) and its variant.
+
+    Only for the embedded base it was trained on, and only if the shipped file is the
+    one its provenance record names. Any problem leaves a notice and no demo entries.
+    """
+    folder = resources_dir()
+    adapter, record_path = folder / SHIPPED_ADAPTER, folder / SHIPPED_PROVENANCE
+    if not adapter.is_file() or not record_path.is_file():
+        return False
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        base = catalog.model(embedded.DEFAULT_MODEL_NAME)
+        if record.get("base_sha256") != base["sha256"]:
+            return False  # trained for another base: not offered
+        if digest.hash_uncached(adapter)[0] != record.get("adapter_sha256"):
+            add_notice("the shipped demo adapter does not match its provenance record; "
+                       "it was not added")
+            return False
+        imports.add_adapter(catalog, ADAPTER_NAME, base["name"], adapter,
+                            source="shipped demo (resources/demo), trained by variant-studio",
+                            strict=True, curated=True, provenance=record, shipped=True)
+        catalog.add_variant(VARIANT_NAME, base["name"], [AdapterSpec(ADAPTER_NAME, 1.0)],
+                            DEMO_PROFILE, curated=True)
+    except (StudioError, ValueError, OSError) as exc:
+        try:
+            catalog.remove(ADAPTER_NAME)
+        except StudioError:
+            pass
+        add_notice(f"the shipped demo could not be added: {exc}")
+        return False
+    return True

@@ -1,0 +1,105 @@
+"""The one interface sessions drive a backend through: a resident model and its contexts.
+
+A `ResidentModel` is a loaded base (weights, tokenizer) that many sessions share; a
+`Context` is one session over it, with a fixed adapter set and its own KV state. The
+llama.cpp backend (`engine.runtime.llama.backend`) and the OpenVINO backend
+(`engine.runtime.openvino.backend`) implement these protocols; `load_model` is the only
+place that names them, so `engine.runtime.sessions` knows nothing else about either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.catalog.resolve import AdapterFile
+from engine.errors import RefusedError
+from engine.formats.artifacts import AdapterInfo
+
+BACKENDS = ("llama", "openvino")
+CancelCheck = Callable[[], bool]
+LoadProgress = Callable[[float], None]
+# An adapter as a session asks for it: the file (digest-verified) and its inspection.
+AdapterSet = Sequence[tuple[AdapterFile, AdapterInfo]]
+
+
+class TextStream(Protocol):
+    """Text from generated tokens, emitted once characters are whole."""
+
+    def feed(self, token: int) -> str: ...
+
+    def finish(self) -> str: ...
+
+
+class Context(Protocol):
+    n_ctx: int  # the session's context size (part of its identity)
+    tokens: list[int]  # what its KV state holds, in order
+    cancelled: CancelCheck  # checked inside long native work
+
+    @property
+    def kv_capacity(self) -> int:
+        """KV cells allocated now (at most n_ctx)."""
+        ...
+
+    def prefill(self, prompt: list[int], reserve: int = 0) -> np.ndarray:
+        """Logits after `prompt`, with room for `reserve` more tokens."""
+        ...
+
+    def step(self, token: int) -> np.ndarray:
+        """Append one token; the logits after it."""
+        ...
+
+    def score(self, prompt: list[int], continuation: list[int]) -> list[np.ndarray]:
+        """Logits predicting each token of `continuation` after `prompt` (teacher forcing)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ResidentModel(Protocol):
+    backend: str
+    path: str
+    sha256: str
+    size_bytes: int
+    n_vocab: int
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True
+                 ) -> list[int]: ...
+
+    def token_text(self, token: int) -> bytes:
+        """The token's text including special tokens (for the template's BOS/EOS)."""
+        ...
+
+    def is_end(self, token: int) -> bool: ...
+
+    def text_stream(self) -> TextStream: ...
+
+    def needs_rebuild(self, adapters: AdapterSet) -> bool:
+        """Would a context with `adapters` invalidate this model's other contexts?"""
+        ...
+
+    def new_context(self, adapters: AdapterSet, n_ctx: int) -> Context: ...
+
+    def details(self) -> dict[str, Any]:
+        """What `describe` reports of this model beyond the common fields."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def load_model(backend: str, path: str, sha256: str, n_threads: int,
+               progress: LoadProgress | None, cancelled: CancelCheck) -> ResidentModel:
+    """Load a base model on `backend` (the file's digest was verified by the caller)."""
+    if backend == "llama":
+        from engine.runtime.llama.backend import LlamaModel
+
+        return LlamaModel(path, sha256, n_threads, progress, cancelled)
+    if backend == "openvino":
+        from engine.runtime.openvino.backend import load_base
+
+        if progress is not None:
+            progress(0.0)
+        return load_base(path, sha256, n_threads)
+    raise RefusedError(f"backend {backend} is not available in this engine")

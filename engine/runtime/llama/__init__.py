@@ -1,0 +1,1 @@
+"""The llama.cpp backend (llama-cpp-python's low-level bindings)."""

@@ -1,0 +1,418 @@
+"""The llama.cpp backend: one resident model per base, one context per session.
+
+Only the engine process imports this module, and only its engine thread calls into
+it (llama.cpp objects are not safe to share across threads). We use
+llama-cpp-python's low-level bindings, never `Llama(lora_path=...)`: that path treats
+a rejected adapter as success and crashes at the first decode.
+
+Adapters belong to the model and are loaded once per file digest; adapter *sets*
+belong to a context and are fixed when the context is created, so a context's KV
+cache only ever holds state computed under its own identity.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from engine.catalog.resolve import AdapterFile
+from engine.errors import Cancelled, EngineError, RefusedError
+from engine.formats.artifacts import AdapterInfo
+from engine.formats.safeio import printable
+
+_log_lines: deque[str] = deque(maxlen=500)
+_log_partial = [""]
+_log_count = [0]  # lines ever logged (the ring buffer keeps the last 500)
+_log_lock = threading.Lock()
+_log_callback = None
+_initialised = False
+
+
+def init_runtime() -> None:
+    """Initialise llama.cpp once and route its log into a ring buffer (and stderr)."""
+    global _log_callback, _initialised
+    if _initialised:
+        return
+
+    @llama_cpp.llama_log_callback
+    def on_log(level: int, text: bytes | None, user: ctypes.c_void_p) -> None:
+        if not text:
+            return
+        os.write(2, text)
+        with _log_lock:
+            chunk = _log_partial[0] + text.decode("utf-8", "replace")
+            *lines, _log_partial[0] = chunk.split("\n")
+            kept = [line for line in lines if line.strip()]
+            _log_lines.extend(kept)
+            _log_count[0] += len(kept)
+
+    _log_callback = on_log  # keep a reference: llama.cpp holds only the pointer
+    llama_cpp.llama_log_set(on_log, None)
+    llama_cpp.llama_backend_init()
+    _initialised = True
+
+
+def recent_log(count: int = 12) -> tuple[str, ...]:
+    with _log_lock:
+        return tuple(list(_log_lines)[-count:])
+
+
+def log_mark() -> int:
+    """A position in llama.cpp's log, for `log_since`."""
+    with _log_lock:
+        return _log_count[0]
+
+
+def log_since(mark: int) -> list[str]:
+    """The log lines written after `mark` (those still in the ring buffer)."""
+    with _log_lock:
+        new = _log_count[0] - mark
+        return list(_log_lines)[-new:] if new > 0 else []
+
+
+class LlamaModel:
+    """A loaded base model and the adapters loaded against it (a `ResidentModel`)."""
+
+    backend = "llama"
+
+    def __init__(self, path: str, sha256: str, n_threads: int = 1,
+                 progress: Callable[[float], None] | None = None,
+                 cancelled: Callable[[], bool] = lambda: False, n_batch: int = 512) -> None:
+        init_runtime()
+        self.path = path
+        self.sha256 = sha256
+        self.n_threads = n_threads
+        self.n_batch = n_batch
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 0
+
+        # Returning False from the progress callback makes llama.cpp stop loading.
+        @llama_cpp.llama_progress_callback
+        def on_progress(fraction: float, user: ctypes.c_void_p) -> bool:
+            if progress is not None:
+                progress(fraction)
+            return not cancelled()
+
+        self._progress_cb = on_progress
+        params.progress_callback = on_progress
+        self.ptr = llama_cpp.llama_model_load_from_file(path.encode(), params)
+        if not self.ptr and cancelled():
+            raise Cancelled("loading the model was cancelled")
+        if not self.ptr:
+            # The file passed our checks but llama.cpp refuses it: a refused artifact.
+            raise RefusedError(f"llama.cpp could not load {os.path.basename(path)}: "
+                               f"{(recent_log(1) or ('see the engine log',))[0]}",
+                               details=recent_log())
+        self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.adapters: dict[str, ctypes.c_void_p] = {}
+        self.adapter_users: dict[str, int] = {}
+        self.size_bytes = int(llama_cpp.llama_model_size(self.ptr))
+
+    # -------------------------------------------------------------- vocabulary
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool = True) -> list[int]:
+        raw = text.encode("utf-8")
+        capacity = len(raw) + 16
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, capacity, add_special,
+                                     parse_special)
+        if n < 0:
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, capacity,
+                                         add_special, parse_special)
+        if n < 0:
+            raise EngineError("tokenization failed")
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
+        return buf.raw[: max(n, 0)]
+
+    def token_text(self, token: int) -> bytes:
+        """The token's text including special tokens (for the template's BOS/EOS)."""
+        buf = ctypes.create_string_buffer(128)
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 128, 0, True)
+        return buf.raw[: max(n, 0)]
+
+    def is_end(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    def text_stream(self) -> ByteStream:
+        return ByteStream(self.piece)
+
+    # -------------------------------------------------------------- sessions
+
+    def needs_rebuild(self, adapters: Sequence[tuple[AdapterFile, AdapterInfo]]) -> bool:
+        return False  # adapter sets belong to contexts: a new one changes no other
+
+    def new_context(self, adapters: Sequence[tuple[AdapterFile, AdapterInfo]], n_ctx: int
+                    ) -> LlamaContext:
+        return LlamaContext(self, tuple(a for a, _ in adapters), n_ctx, self.n_batch,
+                            self.n_threads)
+
+    def details(self) -> dict[str, Any]:
+        return {"adapters_loaded": sorted(self.adapters)}
+
+    # -------------------------------------------------------------- adapters
+
+    def acquire_adapter(self, adapter: AdapterFile) -> ctypes.c_void_p:
+        """Load an adapter (once per digest) and count a user of it."""
+        if adapter.sha256 not in self.adapters:
+            mark = log_mark()
+            ptr = llama_cpp.llama_adapter_lora_init(self.ptr, adapter.path.encode())
+            if not ptr:  # a NULL pointer, never None
+                # llama.cpp only logs why: put its words into the one-line reason.
+                said = log_since(mark)
+                last = said[-1].split(": ", 1)[-1] if said else "no reason logged"
+                reason = printable(last.strip(), 300)
+                raise RefusedError(f"llama.cpp rejected adapter {adapter.name}: {reason}",
+                                   details=tuple(said[-12:]))
+            self.adapters[adapter.sha256] = ptr
+            self.adapter_users[adapter.sha256] = 0
+        self.adapter_users[adapter.sha256] += 1
+        return self.adapters[adapter.sha256]
+
+    def release_adapter(self, sha256: str) -> None:
+        self.adapter_users[sha256] -= 1
+        if self.adapter_users[sha256] <= 0:
+            llama_cpp.llama_adapter_lora_free(self.adapters.pop(sha256))
+            del self.adapter_users[sha256]
+
+    def close(self) -> None:
+        # Adapters first: the model frees still-attached adapters itself, so freeing
+        # them after the model would be a double free.
+        for ptr in self.adapters.values():
+            llama_cpp.llama_adapter_lora_free(ptr)
+        self.adapters.clear()
+        self.adapter_users.clear()
+        if self.ptr:
+            llama_cpp.llama_model_free(self.ptr)
+            self.ptr = None
+
+
+# The smallest KV cache a session allocates, in cells. A power of two (so a multiple of
+# llama.cpp's 256-cell KV padding): see LlamaContext.
+MIN_CAPACITY = 512
+
+
+def capacity_for(n_tokens: int, n_ctx: int) -> int:
+    """KV cells to allocate for `n_tokens`: the next power of two from MIN_CAPACITY,
+    never more than the session's n_ctx."""
+    capacity = MIN_CAPACITY
+    while capacity < n_tokens:
+        capacity *= 2
+    return min(capacity, n_ctx)
+
+
+class ByteStream:
+    """Text from llama.cpp's token pieces (bytes), emitted once characters are whole."""
+
+    def __init__(self, piece: Callable[[int], bytes]) -> None:
+        self.piece = piece
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, token: int) -> str:
+        return self.decoder.decode(self.piece(token))
+
+    def finish(self) -> str:
+        return self.decoder.decode(b"", final=True)
+
+
+class LlamaContext:
+    """One session (a `Context`): a context over a resident model, with a fixed adapter
+    set.
+
+    `n_ctx` is the session's context size (part of its identity); the native KV cache
+    is allocated only as large as the requests need (`capacity`, grown in powers of two
+    up to n_ctx), because one full cache costs as much memory as this model's weights.
+    Growing recreates the native context, and every request starts from an empty
+    cache anyway. The size does not change any result: attention runs over the used
+    cells rounded up to llama.cpp's padding, not over the allocation, so logits are
+    bit-identical whatever the capacity (tests/test_engine_llama.py holds this).
+    """
+
+    def __init__(self, model: LlamaModel, adapters: tuple[AdapterFile, ...], n_ctx: int,
+                 n_batch: int, n_threads: int) -> None:
+        self.model = model
+        self.n_ctx = n_ctx
+        self.n_batch = n_batch
+        self.n_threads = n_threads
+        self.cancelled: Callable[[], bool] = lambda: False
+        self.ptr = None
+        self.batch = None
+        self.capacity = 0
+        self.tokens: list[int] = []  # what the KV cache holds, in order (sequence 0)
+
+        @llama_cpp.ggml_abort_callback
+        def should_abort(user: ctypes.c_void_p) -> bool:
+            return bool(self.cancelled())
+
+        self._abort_cb = should_abort
+        self.adapter_shas: list[str] = []
+        self._adapter_ptrs: list[ctypes.c_void_p] = []
+        self._scales = [a.scale for a in adapters]
+        try:
+            for adapter in adapters:
+                self._adapter_ptrs.append(model.acquire_adapter(adapter))
+                self.adapter_shas.append(adapter.sha256)
+            self._allocate(capacity_for(0, n_ctx))
+        except BaseException:
+            self.close()
+            raise
+        self.batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+
+    def _allocate(self, capacity: int) -> None:
+        """(Re)create the native context with `capacity` KV cells and the adapter set."""
+        if self.ptr:
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+        self.tokens = []
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = capacity
+        params.n_batch = self.n_batch
+        params.n_ubatch = self.n_batch
+        params.n_seq_max = 1
+        params.n_threads = self.n_threads
+        params.n_threads_batch = self.n_threads
+        params.no_perf = True
+        params.abort_callback = self._abort_cb
+        self.ptr = llama_cpp.llama_init_from_model(self.model.ptr, params)
+        if not self.ptr:
+            raise EngineError("llama.cpp could not create a context", details=recent_log())
+        self.capacity = capacity
+        self.memory = llama_cpp.llama_get_memory(self.ptr)
+        if self._adapter_ptrs:
+            count = len(self._adapter_ptrs)
+            array = (llama_cpp.llama_adapter_lora_p_ctypes * count)(*self._adapter_ptrs)
+            scales = (ctypes.c_float * count)(*self._scales)
+            rc = llama_cpp.llama_set_adapters_lora(self.ptr, array, count, scales)
+            if rc != 0:
+                raise EngineError(f"llama.cpp refused the adapter set (code {rc})",
+                                  details=recent_log())
+
+    @property
+    def kv_capacity(self) -> int:
+        return self.capacity
+
+    def reserve(self, n_tokens: int) -> None:
+        """Make room for `n_tokens` cached tokens (up to n_ctx); may empty the cache."""
+        if n_tokens > self.capacity and self.capacity < self.n_ctx:
+            self._allocate(capacity_for(n_tokens, self.n_ctx))
+
+    def _logits(self, index: int) -> np.ndarray:
+        ptr = llama_cpp.llama_get_logits_ith(self.ptr, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+    def _decode(self, tokens: list[int], want_all: bool) -> list[np.ndarray]:
+        """Append `tokens` to the cache; logits for every position or only the last."""
+        out: list[np.ndarray] = []
+        if len(self.tokens) + len(tokens) > self.n_ctx:
+            raise EngineError(f"context full: {len(self.tokens) + len(tokens)} tokens do not "
+                              f"fit in n_ctx={self.n_ctx}")
+        if len(self.tokens) + len(tokens) > self.capacity:
+            # prefill and score reserve what a request needs; growing here would mean
+            # decoding the cached tokens again, in another batch, with other numerics.
+            raise EngineError(f"internal: {len(self.tokens) + len(tokens)} tokens exceed the "
+                              f"reserved KV capacity {self.capacity}")
+        for start in range(0, len(tokens), self.n_batch):
+            if self.cancelled():
+                raise Cancelled("cancelled")
+            chunk = tokens[start:start + self.n_batch]
+            last_chunk = start + self.n_batch >= len(tokens)
+            b = self.batch
+            for i, token in enumerate(chunk):
+                b.token[i] = token
+                b.pos[i] = len(self.tokens) + i
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = want_all or (last_chunk and i == len(chunk) - 1)
+            b.n_tokens = len(chunk)
+            rc = llama_cpp.llama_decode(self.ptr, b)
+            if rc != 0:
+                # An aborted or failed batch leaves the cache in an unknown state.
+                self.reset()
+                if self.cancelled():
+                    raise Cancelled("cancelled")
+                raise EngineError(f"llama_decode failed (code {rc})", details=recent_log())
+            self.tokens.extend(chunk)
+            if want_all:
+                out.extend(self._logits(i) for i in range(len(chunk)))
+            elif last_chunk:
+                out.append(self._logits(len(chunk) - 1))
+        return out
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+        self.tokens = []
+
+    def _keep(self, n: int) -> None:
+        """Keep only the first `n` cached tokens."""
+        if n < len(self.tokens):
+            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1):
+                self.reset()
+                return
+            self.tokens = self.tokens[:n]
+
+    def prefill(self, prompt: list[int], reserve: int = 0) -> np.ndarray:
+        """Logits after `prompt`, decoded from an empty cache in one pass, with room
+        for `reserve` more tokens.
+
+        Reusing a cached prefix would be faster, but llama.cpp's numerics depend on
+        the batch a token was decoded in, so a warm and a cold run of the same prompt
+        could pick different greedy tokens. Same prompt, same identity: same text.
+        """
+        if not prompt:
+            raise EngineError("empty prompt")
+        self.reserve(len(prompt) + reserve)
+        self.reset()
+        return self._decode(prompt, want_all=False)[-1]
+
+    def step(self, token: int) -> np.ndarray:
+        return self._decode([token], want_all=False)[-1]
+
+    def score(self, prompt: list[int], continuation: list[int]) -> list[np.ndarray]:
+        """Logits predicting each token of `continuation` after `prompt` (teacher forcing)."""
+        if not continuation:
+            return []
+        self.reserve(len(prompt) + len(continuation))
+        self._keep(min(len(prompt) - 1, _common(self.tokens, prompt)))
+        feed = prompt[len(self.tokens):] + continuation[:-1]
+        rows = self._decode(feed, want_all=True)
+        return rows[len(rows) - len(continuation):]
+
+    def state_bytes(self) -> int:
+        return int(llama_cpp.llama_state_get_size(self.ptr))
+
+    def close(self) -> None:
+        if getattr(self, "batch", None) is not None:
+            llama_cpp.llama_batch_free(self.batch)
+            self.batch = None
+        if self.ptr:
+            llama_cpp.llama_free(self.ptr)
+            self.ptr = None
+        for sha in self.adapter_shas:
+            self.model.release_adapter(sha)
+        self.adapter_shas = []
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,277 @@
+"""The engine's typed messages: every request it takes and every event it sends.
+
+Front ends (the window, the CLI, the local server, tests) build requests here and hand
+them to `EngineClient.submit`; the host decodes them here and dispatches by type, so a
+request has one shape everywhere. On the wire a request is `{"id", "op", "params"}`
+(see `engine.runtime.protocol`); `to_params` / `decode_request` convert. A malformed
+request is refused (RefusedError) before any handler runs.
+
+Events: `Token` and `Progress` while a request runs, then exactly one of `Finished`
+(with the result, a JSON object), `Failed` (a typed error) or `Cancelled`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from engine.catalog.profiles import Sampling
+from engine.catalog.resolve import SessionSpec
+from engine.errors import RefusedError, StudioError
+from engine.formats.templates import ROLES, Message
+from engine.runtime import protocol
+
+MAX_MESSAGES = 4096
+MAX_CROSS_CHECK_PROMPTS = 64
+MAX_CROSS_CHECK_TOKENS = 256
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What to generate from: raw text, or chat messages rendered by the template."""
+
+    text: str | None = None
+    messages: tuple[Message, ...] = ()
+    chat: bool = False
+    system: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "chat": self.chat, "system": self.system,
+                "messages": [{"role": m.role, "content": m.content} for m in self.messages]}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Prompt:
+        raw = data.get("messages") or []
+        if not isinstance(raw, list) or len(raw) > MAX_MESSAGES:
+            raise RefusedError(f"messages must be a list of at most {MAX_MESSAGES}")
+        messages = []
+        for item in raw:
+            if not isinstance(item, dict) or item.get("role") not in ROLES or not isinstance(
+                    item.get("content"), str):
+                raise RefusedError("each message needs a role (system, user or assistant) "
+                                   "and text content")
+            messages.append(Message(item["role"], item["content"]))
+        text, system = data.get("text"), data.get("system")
+        if text is not None and not isinstance(text, str):
+            raise RefusedError("prompt text must be a string")
+        if system is not None and not isinstance(system, str):
+            raise RefusedError("system prompt must be a string")
+        return Prompt(text, tuple(messages), bool(data.get("chat")), system)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class Request:
+    """Base of the engine's requests: `OP` names it on the wire."""
+
+    OP: ClassVar[str]
+
+    def to_params(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Request:
+        return cls()
+
+
+@dataclass(frozen=True)
+class Ping(Request):
+    OP: ClassVar[str] = "ping"
+
+
+@dataclass(frozen=True)
+class Describe(Request):
+    """Resident bases, sessions (identity, adapters, memory), threads."""
+
+    OP: ClassVar[str] = "describe"
+
+
+@dataclass(frozen=True)
+class CloseAll(Request):
+    OP: ClassVar[str] = "close_all"
+
+
+@dataclass(frozen=True)
+class Abort(Request):
+    """Test hook (VARIANT_STUDIO_TEST_HOOKS=1): the engine aborts, as a native crash."""
+
+    OP: ClassVar[str] = "abort"
+
+
+@dataclass(frozen=True)
+class Open(Request):
+    """Warm a session: load the base and the adapters, create the context."""
+
+    OP: ClassVar[str] = "open"
+    spec: SessionSpec
+
+    def to_params(self) -> dict[str, Any]:
+        return {"spec": self.spec.to_dict()}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Open:
+        return cls(SessionSpec.from_dict(params["spec"]))
+
+
+@dataclass(frozen=True)
+class Generate(Request):
+    """Generate from `prompt` with the model or variant `spec`; streams `Token`s."""
+
+    OP: ClassVar[str] = "generate"
+    spec: SessionSpec
+    prompt: Prompt
+    sampling: Sampling = field(default_factory=Sampling)
+
+    def to_params(self) -> dict[str, Any]:
+        return {"spec": self.spec.to_dict(), "prompt": self.prompt.to_dict(),
+                "sampling": self.sampling.to_dict()}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Generate:
+        return cls(SessionSpec.from_dict(params["spec"]),
+                   Prompt.from_dict(params.get("prompt") or {}),
+                   Sampling.from_dict(params.get("sampling") or {}))
+
+
+@dataclass(frozen=True)
+class Compare(Generate):
+    """The variant `spec` and its base, same prompt and sampling, side by side."""
+
+    OP: ClassVar[str] = "compare"
+
+
+@dataclass(frozen=True)
+class CrossCheck(Request):
+    """The same model or variant on two backends, on the same token ids."""
+
+    OP: ClassVar[str] = "cross_check"
+    first: SessionSpec
+    second: SessionSpec
+    prompts: tuple[Prompt, ...]
+    tokens: int = 8
+    genai: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.prompts) <= MAX_CROSS_CHECK_PROMPTS:
+            raise RefusedError(f"cross_check needs 1 to {MAX_CROSS_CHECK_PROMPTS} prompts")
+        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or not (
+                1 <= self.tokens <= MAX_CROSS_CHECK_TOKENS):
+            raise RefusedError(f"cross_check decodes 1 to {MAX_CROSS_CHECK_TOKENS} tokens "
+                               "per prompt")
+
+    def to_params(self) -> dict[str, Any]:
+        return {"first": self.first.to_dict(), "second": self.second.to_dict(),
+                "prompts": [p.to_dict() for p in self.prompts], "tokens": self.tokens,
+                "genai": self.genai}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> CrossCheck:
+        return cls(SessionSpec.from_dict(params["first"]),
+                   SessionSpec.from_dict(params["second"]),
+                   tuple(Prompt.from_dict(p) for p in params.get("prompts") or []),
+                   params.get("tokens", 8), bool(params.get("genai")))
+
+
+@dataclass(frozen=True)
+class BuildOpenVino(Request):
+    """Build (or find in the cache) the structurally named OpenVINO IR of a GGUF base."""
+
+    OP: ClassVar[str] = "build_openvino"
+    source: str
+
+    def to_params(self) -> dict[str, Any]:
+        return {"source": self.source}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> BuildOpenVino:
+        source = params["source"]
+        if not isinstance(source, str):
+            raise TypeError("source must be a path")
+        return cls(source)
+
+
+REQUESTS: dict[str, type[Request]] = {cls.OP: cls for cls in (
+    Ping, Describe, CloseAll, Abort, Open, Generate, Compare, CrossCheck, BuildOpenVino)}
+
+
+def decode_request(op: str, params: Any) -> Request:
+    """The typed request for a wire message; RefusedError when it is malformed."""
+    cls = REQUESTS.get(op)
+    if cls is None:
+        raise RefusedError(f"unknown engine request {op!r}")
+    if not isinstance(params, dict):
+        raise RefusedError(f"malformed {op} request: params must be an object")
+    try:
+        return cls.from_params(params)
+    except StudioError as exc:
+        # e.g. a sampling setting out of range: refused with its own reason
+        raise RefusedError(f"malformed {op} request: {exc.message}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        # e.g. a non-finite scale in the identity: refused, not an internal error
+        raise RefusedError(f"malformed {op} request: {type(exc).__name__}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token of one side ("main", or "base"/"variant" in a comparison)."""
+
+    side: str
+    token_id: int
+    text: str
+    logprob: float
+    index: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    stage: str
+    fraction: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: StudioError
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    pass
+
+
+Event = Token | Progress | Finished | Failed | Cancelled
+TERMINAL = (Finished, Failed, Cancelled)
+
+
+def decode_event(message: dict[str, Any]) -> Event | None:
+    """The typed event of an engine message (None for one this client does not know)."""
+    kind = message.get("event")
+    if kind == "token":
+        return Token(str(message.get("side", "main")), int(message.get("token_id", -1)),
+                     str(message.get("text", "")), float(message.get("logprob", 0.0)),
+                     int(message.get("index", 0)))
+    if kind == "progress":
+        return Progress(str(message.get("stage", "")), float(message.get("fraction", 0.0)))
+    if kind == "finished":
+        return Finished(message.get("result"))
+    if kind == "failed":
+        return Failed(protocol.error_from_payload(message.get("error") or {}))
+    if kind == "cancelled":
+        return Cancelled()
+    return None
+
+
+def token_message(token: Token) -> dict[str, Any]:
+    return {"event": "token", "side": token.side, "token_id": token.token_id,
+            "text": token.text, "logprob": token.logprob, "index": token.index}
