@@ -5,6 +5,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 scripts/setup.sh
 echo "== ruff"
 .venv/bin/ruff check .
+echo "== layering contracts"
+.venv/bin/lint-imports --no-cache
 echo "== engine imports without Qt"
 .venv/bin/python scripts/check_layering.py
 echo "== pytest"

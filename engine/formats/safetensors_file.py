@@ -23,7 +23,6 @@ DTYPE_SIZES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,
     "U64": 8, "U32": 4, "U16": 2, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1,
 }
-FLOAT_DTYPES = ("F32", "F16", "BF16")
 
 
 @dataclass(frozen=True)
