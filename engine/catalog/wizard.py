@@ -266,12 +266,5 @@ class ImportWizard:
 
 
 def _suggest_name(stem: str, catalog: Catalog) -> str:
-    cleaned = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in stem).strip(".-_")
-    base = (cleaned or "adapter")[:56]
-    if not base[0].isalnum():
-        base = "a" + base
     taken = {n for kind in ("models", "adapters", "variants") for n in catalog.data()[kind]}
-    name, n = base, 2
-    while name in taken:
-        name, n = f"{base}-{n}", n + 1
-    return name
+    return paths.suggest_name(stem, taken, fallback="adapter")

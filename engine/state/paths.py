@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import re
+import unicodedata
+from collections.abc import Collection
 from pathlib import Path
 
 import platformdirs
@@ -36,6 +38,29 @@ def check_name(name: str, what: str = "name") -> str:
             "starting with a letter or digit"
         )
     return name
+
+
+def suggest_name(stem: str, taken: Collection[str] = (), fallback: str = "adapter") -> str:
+    """A valid catalog name (see `check_name`) made from a file's stem, not in `taken`.
+
+    ASCII only, because names become directory names in the store: accents are
+    dropped ("modèle" -> "modele"), anything else outside letters, digits, '.', '_'
+    and '-' becomes '-'; runs of separators collapse (no ".." can appear), the ends
+    are trimmed, the first character is a letter or digit, and a taken name gets
+    "-2", "-3", ... The one rule shared by the import wizard and "Add base model".
+    """
+    # NFKD splits "è" into "e" and a combining accent, which is dropped.
+    letters = (ch for ch in unicodedata.normalize("NFKD", stem) if not unicodedata.combining(ch))
+    cleaned = "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "._-" else "-"
+                      for ch in letters)
+    cleaned = re.sub(r"\.{2,}", ".", re.sub(r"-{2,}", "-", cleaned)).strip(".-_")
+    base = (cleaned or fallback)[:56].rstrip(".-_") or fallback
+    if not base[0].isalnum():
+        base = "a" + base
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}-{n}", n + 1
+    return check_name(name)
 
 
 def catalog_file() -> Path:
