@@ -42,6 +42,10 @@ class ValidationError(RefusedError):
     """An artifact is well formed but does not fit (wrong base, bad alpha, ...)."""
 
 
+class ContextOverflowError(RefusedError):
+    """A prompt (or a request) does not fit the session's context."""
+
+
 class UnknownNameError(StudioError):
     """No model, adapter or variant has that name."""
 

@@ -45,8 +45,12 @@ class AdapterRef:
 
 @dataclass(frozen=True)
 class ContextConfig:
+    """The context a session runs with. `n_batch` is the chunk size prompts are decoded
+    in, aligned to absolute positions (it changes llama.cpp's numerics, hence the
+    identity; see `engine.runtime.llama.backend.LlamaContext`)."""
+
     n_ctx: int = 4096
-    n_batch: int = 512
+    n_batch: int = 64
 
     def __post_init__(self) -> None:
         if not 256 <= self.n_ctx <= 1 << 20:

@@ -9,7 +9,7 @@ place that names them, so `engine.runtime.sessions` knows nothing else about eit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -43,8 +43,19 @@ class Context(Protocol):
         """KV cells allocated now (at most n_ctx)."""
         ...
 
+    @property
+    def kv_bytes(self) -> int:
+        """Memory the KV state takes now."""
+        ...
+
     def prefill(self, prompt: list[int], reserve: int = 0) -> np.ndarray:
         """Logits after `prompt`, with room for `reserve` more tokens."""
+        ...
+
+    def prefill_steps(self, prompt: list[int], reserve: int = 0
+                      ) -> Iterator[np.ndarray | None]:
+        """`prefill` in steps, so other requests can run between them: None after each
+        step but the last, which yields the logits after the prompt."""
         ...
 
     def step(self, token: int) -> np.ndarray:
@@ -80,7 +91,9 @@ class ResidentModel(Protocol):
         """Would a context with `adapters` invalidate this model's other contexts?"""
         ...
 
-    def new_context(self, adapters: AdapterSet, n_ctx: int) -> Context: ...
+    def new_context(self, adapters: AdapterSet, n_ctx: int, n_batch: int) -> Context:
+        """A context for `adapters`; prompts are decoded in chunks of `n_batch`."""
+        ...
 
     def details(self) -> dict[str, Any]:
         """What `describe` reports of this model beyond the common fields."""

@@ -2,11 +2,17 @@
 
 Reads requests from stdin and writes events on the protocol channel (a private copy
 of stdout: `engine.runtime.worker.ChildChannel`). One engine thread owns every native
-object and runs requests one at a time (the Anki pattern: a single executor for the
-resource that is unsafe to share); the main thread keeps reading so that cancel
-requests take effect during long work. Requests are decoded into the typed messages of
-`engine.runtime.messages` and dispatched through `HANDLERS`, a table from request type
-to handler.
+object (the Anki pattern: a single executor for the resource that is unsafe to share);
+the main thread keeps reading so that cancel requests take effect during long work.
+Requests are decoded into the typed messages of `engine.runtime.messages`.
+
+The engine thread is a small scheduler. Generate and compare requests become
+`GenerationTask`s that advance in turn, one prompt chunk or one token each, so any
+number of requests (the local server's clients, the window's chat and comparison)
+progress together and a long generation never blocks a short one. Quick requests
+(`HANDLERS`: ping, describe) are answered at once; work that needs the engine to
+itself (`EXCLUSIVE`: warming a session, a cross-check, a build, closing everything)
+waits until the running tasks have finished, and later requests wait behind it.
 """
 
 from __future__ import annotations
@@ -91,35 +97,114 @@ class Host:
     # ---------------------------------------------------------------- engine thread
 
     def _engine_loop(self) -> None:
+        from engine.runtime.sessions import GenerationTask
+
+        running: list[tuple[Job, GenerationTask]] = []
+        waiting: list[Job] = []  # behind an exclusive job, in arrival order
         while True:
-            job = self._queue.get()
-            if job is None:
+            # Take every request that arrived; block for one only when nothing runs.
+            arrived = self._take(block=not running and not waiting)
+            if None in arrived:
                 break
-            try:
-                if job.cancelled():
-                    raise Cancelled("cancelled before it started")
-                request = m.decode_request(job.op, job.params)
-                result = HANDLERS[type(request)](self, request, job)
-            except Cancelled:
-                self.channel.send({"id": job.id, "event": "cancelled"})
-            except Exception as exc:
-                payload = protocol.error_payload(exc)
-                if not isinstance(exc, StudioError):
-                    payload["details"] = payload["details"] + traceback.format_exc().splitlines()
-                self.channel.send({"id": job.id, "event": "failed", "error": payload})
-            else:
-                self.channel.send({"id": job.id, "event": "finished", "result": result})
-            finally:
-                with self._pending_lock:
-                    self._pending.pop(job.id, None)
+            waiting.extend(job for job in arrived if job is not None)
+            # Start what may start: everything up to the first exclusive job, which
+            # runs once nothing else does.
+            while waiting:
+                job = waiting[0]
+                try:
+                    request = m.decode_request(job.op, job.params)
+                except Exception as exc:
+                    waiting.pop(0)
+                    self._failed(job, exc)
+                    continue
+                if type(request) in EXCLUSIVE:
+                    if running:
+                        break
+                    waiting.pop(0)
+                    self._run(job, lambda r=request, j=job: EXCLUSIVE[type(r)](self, r, j))
+                elif isinstance(request, m.Generate):
+                    waiting.pop(0)
+                    task = self._start_task(job, request, GenerationTask)
+                    if task is not None:
+                        running.append((job, task))
+                else:
+                    waiting.pop(0)
+                    self._run(job, lambda r=request, j=job: HANDLERS[type(r)](self, r, j))
+            for entry in list(running):
+                job, task = entry
+                try:
+                    result = task.advance()
+                except Exception as exc:
+                    task.close()
+                    running.remove(entry)
+                    self._failed(job, exc)
+                    continue
+                if result is not None:
+                    task.close()
+                    running.remove(entry)
+                    self._finished(job, result)
+        for _job, task in running:
+            task.close()
         if self._manager is not None:
             self._manager.close_all()
+
+    def _take(self, block: bool) -> list[Job | None]:
+        """The requests queued now (None stands for "stop"), waiting for one if `block`."""
+        taken: list[Job | None] = []
+        try:
+            taken.append(self._queue.get(block=block))
+            while True:
+                taken.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return taken
+
+    def _start_task(self, job: Job, request: m.Generate, task_type: Any) -> Any:
+        kind = "compare" if isinstance(request, m.Compare) else "generate"
+        try:
+            if job.cancelled():
+                raise Cancelled("cancelled before it started")
+            return task_type(self.manager(), kind, request.spec, request.prompt,
+                             request.sampling, self.emitter(job), job.cancelled,
+                             request.top_logprobs)
+        except Exception as exc:
+            self._failed(job, exc)
+            return None
+
+    def _run(self, job: Job, handler: Callable[[], Any]) -> None:
+        try:
+            if job.cancelled():
+                raise Cancelled("cancelled before it started")
+            result = handler()
+        except Exception as exc:
+            self._failed(job, exc)
+        else:
+            self._finished(job, result)
+
+    def _finished(self, job: Job, result: Any) -> None:
+        self.channel.send({"id": job.id, "event": "finished", "result": result})
+        self._forget(job)
+
+    def _failed(self, job: Job, exc: BaseException) -> None:
+        if isinstance(exc, Cancelled) or job.cancelled():
+            self.channel.send({"id": job.id, "event": "cancelled"})
+        else:
+            payload = protocol.error_payload(exc)
+            if not isinstance(exc, StudioError):
+                payload["details"] = payload["details"] + traceback.format_exception(exc)
+            self.channel.send({"id": job.id, "event": "failed", "error": payload})
+        self._forget(job)
+
+    def _forget(self, job: Job) -> None:
+        with self._pending_lock:
+            self._pending.pop(job.id, None)
 
     def manager(self) -> Any:
         if self._manager is None:
             from engine.runtime.sessions import SessionManager
 
-            self._manager = SessionManager(n_threads=configured_threads())
+            self._manager = SessionManager(max_sessions=configured_sessions(),
+                                           n_threads=configured_threads())
         return self._manager
 
     def emitter(self, job: Job) -> Callable[..., None]:
@@ -146,16 +231,6 @@ def _describe(host: Host, request: m.Describe, job: Job) -> Any:
 def _open(host: Host, request: m.Open, job: Job) -> Any:
     host.manager().open(request.spec, job.cancelled, host.progress(job))
     return host.manager().describe()
-
-
-def _generate(host: Host, request: m.Generate, job: Job) -> Any:
-    return host.manager().generate(request.spec, request.prompt, request.sampling,
-                                   host.emitter(job), job.cancelled)
-
-
-def _compare(host: Host, request: m.Compare, job: Job) -> Any:
-    return host.manager().compare(request.spec, request.prompt, request.sampling,
-                                  host.emitter(job), job.cancelled)
 
 
 def _cross_check(host: Host, request: m.CrossCheck, job: Job) -> Any:
@@ -200,10 +275,14 @@ def _abort(host: Host, request: m.Abort, job: Job) -> Any:
     os.abort()  # a native crash, as a malformed file could cause
 
 
+# Answered at once, between the steps of running generations.
 HANDLERS: dict[type[m.Request], Callable[[Host, Any, Job], Any]] = {
-    m.Ping: _ping, m.Describe: _describe, m.Open: _open, m.Generate: _generate,
-    m.Compare: _compare, m.CrossCheck: _cross_check, m.BuildOpenVino: _build_openvino,
-    m.CloseAll: _close_all, m.Abort: _abort,
+    m.Ping: _ping, m.Describe: _describe, m.Abort: _abort,
+}
+# Run alone: they wait until no generation is running.
+EXCLUSIVE: dict[type[m.Request], Callable[[Host, Any, Job], Any]] = {
+    m.Open: _open, m.CrossCheck: _cross_check, m.BuildOpenVino: _build_openvino,
+    m.CloseAll: _close_all,
 }
 
 
@@ -217,12 +296,22 @@ def configured_threads() -> int:
     return threads if threads > 0 else max(1, os.cpu_count() or 1)
 
 
+def configured_sessions() -> int:
+    """Live sessions at most: VARIANT_STUDIO_MAX_SESSIONS (the server's --max-sessions),
+    else 3."""
+    try:
+        value = int(os.environ.get("VARIANT_STUDIO_MAX_SESSIONS", "3"))
+    except ValueError:
+        value = 3
+    return min(max(value, 1), 64)
+
+
 def _idle_description() -> dict[str, Any]:
     from engine.runtime.sessions import memory_usage
 
     # n_threads as the sessions will use it, so the window can show it before any load.
     return {"pid": os.getpid(), "residents": [], "sessions": [], "memory": memory_usage(),
-            "n_threads": configured_threads()}
+            "max_sessions": configured_sessions(), "n_threads": configured_threads()}
 
 
 def _versions() -> dict[str, str]:

@@ -24,6 +24,7 @@ from engine.runtime import protocol
 MAX_MESSAGES = 4096
 MAX_CROSS_CHECK_PROMPTS = 64
 MAX_CROSS_CHECK_TOKENS = 256
+MAX_TOP_LOGPROBS = 20
 
 
 # --------------------------------------------------------------------------- values
@@ -125,16 +126,23 @@ class Generate(Request):
     spec: SessionSpec
     prompt: Prompt
     sampling: Sampling = field(default_factory=Sampling)
+    top_logprobs: int = 0  # the most likely alternatives reported per token (0..20)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, int) or \
+                not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RefusedError(f"top_logprobs must be 0..{MAX_TOP_LOGPROBS}")
 
     def to_params(self) -> dict[str, Any]:
         return {"spec": self.spec.to_dict(), "prompt": self.prompt.to_dict(),
-                "sampling": self.sampling.to_dict()}
+                "sampling": self.sampling.to_dict(), "top_logprobs": self.top_logprobs}
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> Generate:
         return cls(SessionSpec.from_dict(params["spec"]),
                    Prompt.from_dict(params.get("prompt") or {}),
-                   Sampling.from_dict(params.get("sampling") or {}))
+                   Sampling.from_dict(params.get("sampling") or {}),
+                   params.get("top_logprobs", 0))
 
 
 @dataclass(frozen=True)
@@ -220,13 +228,16 @@ def decode_request(op: str, params: Any) -> Request:
 
 @dataclass(frozen=True)
 class Token:
-    """One generated token of one side ("main", or "base"/"variant" in a comparison)."""
+    """One generated token of one side ("main", or "base"/"variant" in a comparison);
+    `top` holds the most likely alternatives as (token id, text, logprob) when the
+    request asked for them."""
 
     side: str
     token_id: int
     text: str
     logprob: float
     index: int
+    top: tuple[tuple[int, str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -260,7 +271,8 @@ def decode_event(message: dict[str, Any]) -> Event | None:
     if kind == "token":
         return Token(str(message.get("side", "main")), int(message.get("token_id", -1)),
                      str(message.get("text", "")), float(message.get("logprob", 0.0)),
-                     int(message.get("index", 0)))
+                     int(message.get("index", 0)),
+                     tuple((int(i), str(t), float(lp)) for i, t, lp in message.get("top") or ()))
     if kind == "progress":
         return Progress(str(message.get("stage", "")), float(message.get("fraction", 0.0)))
     if kind == "finished":
@@ -270,8 +282,3 @@ def decode_event(message: dict[str, Any]) -> Event | None:
     if kind == "cancelled":
         return Cancelled()
     return None
-
-
-def token_message(token: Token) -> dict[str, Any]:
-    return {"event": "token", "side": token.side, "token_id": token.token_id,
-            "text": token.text, "logprob": token.logprob, "index": token.index}

@@ -23,7 +23,8 @@ MAX_LINE = 64 << 20
 ERROR_TYPES: dict[str, type[errors.StudioError]] = {
     cls.__name__: cls
     for cls in (errors.StudioError, errors.UsageError, errors.RefusedError,
-                errors.InspectionError, errors.ValidationError, errors.UnknownNameError,
+                errors.InspectionError, errors.ValidationError, errors.ContextOverflowError,
+                errors.UnknownNameError,
                 errors.Cancelled, errors.EngineError, errors.StateError)
 }
 

@@ -1,19 +1,26 @@
-"""Sessions keyed by identity, and the generate / compare loops.
+"""Sessions keyed by identity, and generation as tasks that advance a step at a time.
 
 Runs only on the engine thread of the engine process. One resident model per base
 file; any number of sessions (contexts) over it, each with its own adapter set and KV
-cache, looked up by identity key, so warm state is reused only for an identical
-identity. The number of live contexts is bounded; the least recently used closes
-first. Before anything native touches a file, its digest is checked against the
-spec and adapters are validated against the base in Python.
+cache, looked up by identity key, so warm state (the prefix cache of a context) is
+reused only for an identical identity. An identity may have several sessions when
+requests for it run at once; a session serves one request at a time (`acquire` /
+`release`). The number of live sessions is bounded; the least recently used idle one
+closes first. Before anything native touches a file, its digest is checked against
+the spec and adapters are validated against the base in Python.
+
+A `GenerationTask` is one generate or compare request: the host's scheduler calls
+`advance` on every running task in turn, and each call decodes one prompt chunk or
+one token per side, so a long generation never blocks a short one.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +30,7 @@ import numpy as np
 from engine.catalog import digest, validation
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
-from engine.errors import Cancelled, RefusedError
+from engine.errors import Cancelled, ContextOverflowError, EngineError, RefusedError
 from engine.formats import artifacts
 from engine.formats.artifacts import AdapterInfo, BaseModelInfo
 from engine.formats.templates import Message, plain_prompt, render
@@ -39,6 +46,8 @@ CancelCheck = Callable[[], bool]
 class OpenSession:
     spec: SessionSpec
     context: Context
+    number: int = 0  # tells apart sessions of one identity
+    busy: bool = False  # serving a request now
     opened_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.time)
     generations: int = 0
@@ -67,7 +76,11 @@ class SideState:
     text: str = ""
     finish: str | None = None
     decoder: TextStream | None = None
+    prefill: Iterator[np.ndarray | None] | None = None
+    top: list[list[list[Any]]] = field(default_factory=list)  # per token: [id, text, logprob]
     decode_seconds: float = 0.0
+    prompt_seconds: float = 0.0
+    reused_tokens: int = 0
 
 
 def resident_key(spec: SessionSpec) -> str:
@@ -78,38 +91,85 @@ def resident_key(spec: SessionSpec) -> str:
 
 class SessionManager:
     def __init__(self, max_sessions: int = 3, max_bases: int = 2,
-                 n_threads: int | None = None, n_batch: int = 512) -> None:
+                 n_threads: int | None = None) -> None:
         self.max_sessions = max_sessions
         self.max_bases = max_bases
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
-        self.n_batch = n_batch
         self.residents: OrderedDict[str, Resident] = OrderedDict()
-        self.sessions: OrderedDict[str, OpenSession] = OrderedDict()
+        self.sessions: list[OpenSession] = []  # least recently used first
+        self._numbers = itertools.count(1)
 
     # ------------------------------------------------------------------ lifecycle
 
+    def acquire(self, spec: SessionSpec, prompt: list[int] | None = None,
+                cancelled: CancelCheck = lambda: False,
+                progress: Callable[[str, float], None] | None = None) -> OpenSession | None:
+        """An idle session of `spec`'s identity, marked busy: the one whose cache shares
+        the longest prefix with `prompt`, else a new one. None when every session is
+        busy and no more may open (the caller waits and asks again)."""
+        key = spec.identity.key
+        idle = [s for s in self.sessions if s.spec.identity.key == key and not s.busy]
+        if idle:
+            session = max(idle, key=lambda s: _common(s.context.tokens, prompt or []))
+        else:
+            session = self._new_session(spec, cancelled, progress)
+            if session is None:
+                return None
+        session.busy = True
+        self._touch(session)
+        return session
+
+    def release(self, session: OpenSession) -> None:
+        session.busy = False
+        session.context.cancelled = lambda: False
+        self._touch(session)
+        self._trim()
+
     def open(self, spec: SessionSpec, cancelled: CancelCheck = lambda: False,
              progress: Callable[[str, float], None] | None = None) -> OpenSession:
-        key = spec.identity.key
-        if key in self.sessions:
-            self.sessions.move_to_end(key)
-            session = self.sessions[key]
-            session.last_used = time.time()
-            return session
+        """A session of `spec`'s identity for work that runs alone on the engine thread
+        (warming, cross-checks): an existing one or a new one, not held busy."""
+        session = self.acquire(spec, None, cancelled, progress)
+        if session is None:
+            raise EngineError("every session is busy")
+        self.release(session)
+        return session
+
+    def _new_session(self, spec: SessionSpec, cancelled: CancelCheck,
+                     progress: Callable[[str, float], None] | None) -> OpenSession | None:
         resident = self._resident(spec, cancelled, progress)
         adapters = self._verify_adapters(spec, resident.info)
+        base = resident_key(spec)
         if resident.model.needs_rebuild(adapters):
             # OpenVINO recompiles its model for new LoRA layers: the contexts on the old
-            # compiled model go first.
-            base = resident_key(spec)
-            for other in [k for k, s in self.sessions.items() if resident_key(s.spec) == base]:
+            # compiled model close first, so wait until none of them is serving.
+            on_base = [s for s in self.sessions if resident_key(s.spec) == base]
+            if any(s.busy for s in on_base):
+                return None
+            for other in on_base:
                 self._close_session(other)
-        while len(self.sessions) >= self.max_sessions:
-            self._close_session(next(iter(self.sessions)))
-        context = resident.model.new_context(adapters, spec.identity.context.n_ctx)
-        session = OpenSession(spec, context)
-        self.sessions[key] = session
+        if len(self.sessions) >= self.max_sessions:
+            idle = [s for s in self.sessions if not s.busy]
+            if not idle:
+                return None
+            self._close_session(idle[0])
+        context = resident.model.new_context(adapters, spec.identity.context.n_ctx,
+                                             spec.identity.context.n_batch)
+        session = OpenSession(spec, context, next(self._numbers))
+        self.sessions.append(session)
         return session
+
+    def _touch(self, session: OpenSession) -> None:
+        session.last_used = time.time()
+        self.sessions.remove(session)
+        self.sessions.append(session)
+
+    def _trim(self) -> None:
+        """Close the least recently used idle sessions beyond `max_sessions`."""
+        for session in [s for s in self.sessions if not s.busy]:
+            if len(self.sessions) <= self.max_sessions:
+                break
+            self._close_session(session)
 
     def _resident(self, spec: SessionSpec, cancelled: CancelCheck,
                   progress: Callable[[str, float], None] | None) -> Resident:
@@ -133,7 +193,12 @@ class SessionManager:
         if not isinstance(info, BaseModelInfo) or info.format not in formats:
             raise RefusedError(f"base {spec.base_name}: not a base model {spec.backend} serves")
         while len(self.residents) >= self.max_bases:
-            self._drop_resident(next(iter(self.residents)))
+            # The least recently used base whose sessions are all idle goes.
+            unused = [k for k in self.residents if not any(
+                s.busy for s in self.sessions if resident_key(s.spec) == k)]
+            if not unused:
+                break
+            self._drop_resident(unused[0])
         model = load_model(spec.backend, str(path), sha, self.n_threads,
                            (lambda f: progress("loading model", f)) if progress else None,
                            cancelled)
@@ -168,29 +233,31 @@ class SessionManager:
             verified.append((adapter, info))
         return verified
 
-    def _close_session(self, key: str) -> None:
-        session = self.sessions.pop(key)
+    def _close_session(self, session: OpenSession) -> None:
+        self.sessions.remove(session)
         session.context.close()
 
     def _drop_resident(self, key: str) -> None:
-        for session in [k for k, s in self.sessions.items() if resident_key(s.spec) == key]:
+        for session in [s for s in self.sessions if resident_key(s.spec) == key]:
             self._close_session(session)
         self.residents.pop(key).model.close()
 
     def close_all(self) -> None:
-        for key in list(self.sessions):
-            self._close_session(key)
+        for session in list(self.sessions):
+            self._close_session(session)
         for key in list(self.residents):
             self._drop_resident(key)
 
     # ------------------------------------------------------------------ prompts
 
-    def prompt_tokens(self, session: OpenSession, prompt: Prompt) -> list[int]:
-        resident = self.residents[resident_key(session.spec)]
+    def prompt_tokens(self, spec: SessionSpec, prompt: Prompt,
+                      cancelled: CancelCheck = lambda: False) -> list[int]:
+        """`prompt` rendered (chat template, system prompt) and tokenized for `spec`."""
+        resident = self._resident(spec, cancelled, None)
         model, info = resident.model, resident.info
         if prompt.chat or prompt.messages:
             messages = list(prompt.messages) or [Message("user", prompt.text or "")]
-            system = prompt.system if prompt.system is not None else session.spec.system_prompt
+            system = prompt.system if prompt.system is not None else spec.system_prompt
             if system and messages[0].role != "system":
                 messages.insert(0, Message("system", system))
             if info.chat_template:
@@ -204,48 +271,59 @@ class SessionManager:
                 raise RefusedError("empty prompt")
             text = prompt.text
         tokens = model.tokenize(text, add_special=info.add_bos, parse_special=True)
-        limit = session.context.n_ctx - 1
-        if len(tokens) >= limit:
-            raise RefusedError(f"prompt of {len(tokens)} tokens does not fit the context "
-                               f"({session.context.n_ctx})")
+        n_ctx = spec.identity.context.n_ctx
+        if len(tokens) >= n_ctx - 1:
+            raise ContextOverflowError(f"prompt of {len(tokens)} tokens does not fit the "
+                                       f"context ({n_ctx})")
         return tokens
 
     # ------------------------------------------------------------------ generation
 
-    def _side(self, name: str, spec: SessionSpec, prompt: Prompt, sampling: Sampling,
-              cancelled: CancelCheck) -> SideState:
-        session = self.open(spec, cancelled)
-        session.context.cancelled = cancelled
-        tokens = self.prompt_tokens(session, prompt)
-        model = self.residents[resident_key(session.spec)].model
-        return SideState(name, session, Sampler(sampling), StopMatcher(sampling.stop), tokens,
-                         decoder=model.text_stream())
-
     def _advance(self, side: SideState, sampling: Sampling, emit: Emit,
-                 cancelled: CancelCheck) -> None:
-        """Choose one token for `side` and feed it back; sets `finish` when done."""
+                 cancelled: CancelCheck, top_logprobs: int = 0) -> None:
+        """One step of `side`: a chunk of its prompt, or one token chosen and fed back;
+        sets `finish` when done."""
         session = side.session
         model = self.residents[resident_key(session.spec)].model
         start = time.perf_counter()
         if side.logits is None:
-            side.logits = session.context.prefill(side.prompt, reserve=sampling.max_tokens)
+            if side.prefill is None:
+                side.prefill = session.context.prefill_steps(side.prompt,
+                                                             reserve=sampling.max_tokens)
+            logits = next(side.prefill)
+            side.prompt_seconds += time.perf_counter() - start
+            if logits is None:
+                return  # more of the prompt to decode: the next step goes on
+            side.logits = logits
+            side.reused_tokens = getattr(session.context, "reused", 0)
             start = time.perf_counter()
         token = side.sampler.choose(side.logits, side.prompt + side.tokens)
-        logprob = float(log_softmax(side.logits)[token])
+        row = log_softmax(side.logits)
+        logprob = float(row[token])
         if model.is_end(token):
             side.finish = "eos"
             side.decode_seconds += time.perf_counter() - start
             return
         side.tokens.append(token)
         side.logprobs.append(logprob)
+        top: list[list[Any]] = []
+        if top_logprobs:
+            best = np.argpartition(-row, top_logprobs)[:top_logprobs]
+            best = best[np.lexsort((best, -row[best]))]
+            top = [[int(t), model.token_text(int(t)).decode("utf-8", "replace"),
+                    float(row[t])] for t in best]
+            side.top.append(top)
         assert side.decoder is not None
         piece = side.decoder.feed(token)
         text, hit = side.stops.feed(piece)
         side.text += text
         if cancelled():
             raise Cancelled("cancelled")
-        emit("token", side=side.name, token_id=token, text=text, logprob=logprob,
-             index=len(side.tokens) - 1)
+        event: dict[str, Any] = {"side": side.name, "token_id": token, "text": text,
+                                 "logprob": logprob, "index": len(side.tokens) - 1}
+        if top:
+            event["top"] = top
+        emit("token", **event)
         if hit:
             side.finish = "stop"
         elif len(side.tokens) >= sampling.max_tokens:
@@ -264,7 +342,7 @@ class SessionManager:
         spec = side.session.spec
         side.session.generations += 1
         tps = len(side.tokens) / side.decode_seconds if side.decode_seconds > 0 else 0.0
-        return {
+        result = {
             "name": spec.name,
             "kind": spec.kind,
             "backend": spec.backend,
@@ -276,41 +354,33 @@ class SessionManager:
             "adapters": [{"name": a.name, "sha256": a.sha256, "scale": a.scale}
                          for a in spec.adapters],
             "prompt_tokens": len(side.prompt),
+            "reused_tokens": side.reused_tokens,
+            "prompt_seconds": side.prompt_seconds,
             "finish_reason": side.finish,
             "tokens_per_second": tps,
         }
+        if side.top:
+            result["top_logprobs"] = side.top
+        return result
 
     def generate(self, spec: SessionSpec, prompt: Prompt, sampling: Sampling, emit: Emit,
                  cancelled: CancelCheck) -> dict[str, Any]:
-        side = self._side("main", spec, prompt, sampling, cancelled)
-        while side.finish is None:
-            self._advance(side, sampling, emit, cancelled)
-        return self._result(side)
+        """A whole generation at once (when nothing else runs: tests, tools)."""
+        return run_task(GenerationTask(self, "generate", spec, prompt, sampling, emit,
+                                       cancelled))
 
     def compare(self, spec: SessionSpec, prompt: Prompt, sampling: Sampling, emit: Emit,
                 cancelled: CancelCheck) -> dict[str, Any]:
-        """Base and variant over one copy of the weights, streamed side by side."""
-        if not spec.adapters:
-            raise RefusedError(f"{spec.name} is a base model; compare needs a variant")
-        # The variant opens first: on OpenVINO, registering its adapters may rebuild the
-        # compiled model, which closes that base's sessions; the base side then joins it.
-        variant = self._side("variant", spec, prompt, sampling, cancelled)
-        base = self._side("base", spec.base_spec(), prompt, sampling, cancelled)
-        while base.finish is None or variant.finish is None:
-            for side in (base, variant):
-                if side.finish is None:
-                    self._advance(side, sampling, emit, cancelled)
-        results = {"base": self._result(base), "variant": self._result(variant)}
-        results["first_divergence"] = first_divergence(base.tokens, variant.tokens)
-        results["adapter_effect"] = self._adapter_effect(base, variant)
-        return results
+        """A whole comparison at once (see `generate`)."""
+        return run_task(GenerationTask(self, "compare", spec, prompt, sampling, emit,
+                                       cancelled))
 
-    def _adapter_effect(self, base: SideState, variant: SideState) -> float | None:
+    def adapter_effect(self, base: SideState, variant: SideState) -> float | None:
         """Mean |log p_base - log p_variant| over the base's tokens, teacher-forced.
 
-        Both sides are scored the same way (one batch each), so a variant that changes
-        nothing scores exactly 0 and any real adapter shows up, even when the greedy
-        text happens to agree.
+        Both sides are scored the same way (the same aligned chunks), so a variant that
+        changes nothing scores exactly 0 and any real adapter shows up, even when the
+        greedy text happens to agree.
         """
         if not base.tokens:
             return None
@@ -337,8 +407,8 @@ class SessionManager:
             b = self.open(second, cancelled)
             for session in (a, b):
                 session.context.cancelled = cancelled
-            tokens = self.prompt_tokens(a, prompt)
-            same_ids = self.prompt_tokens(b, prompt) == tokens
+            tokens = self.prompt_tokens(first, prompt)
+            same_ids = self.prompt_tokens(second, prompt) == tokens
             greedy_a = self._greedy(a, tokens, n_tokens)
             greedy_b = self._greedy(b, tokens, n_tokens)
             continuation = greedy_a or greedy_b[:1]
@@ -395,19 +465,115 @@ class SessionManager:
                 for r in self.residents.values()
             ],
             "sessions": [
-                {"name": s.spec.name, "kind": s.spec.kind, "identity": key,
+                {"name": s.spec.name, "kind": s.spec.kind, "identity": s.spec.identity.key,
+                 "number": s.number, "busy": s.busy,
                  "backend": s.spec.backend, "base": s.spec.base_name,
                  "adapters": [{"name": a.name, "sha256": a.sha256, "scale": a.scale}
                               for a in s.spec.adapters],
                  "n_ctx": s.context.n_ctx, "cached_tokens": len(s.context.tokens),
-                 "kv_capacity": s.context.kv_capacity,
+                 "kv_capacity": s.context.kv_capacity, "kv_bytes": s.context.kv_bytes,
                  "generations": s.generations}
-                for key, s in self.sessions.items()
+                for s in self.sessions
             ],
             "memory": memory_usage(),
             "max_sessions": self.max_sessions,
             "n_threads": self.n_threads,
         }
+
+
+class GenerationTask:
+    """One generate or compare request, advanced a step at a time (see the module doc).
+
+    `advance` returns None while the task goes on (or waits for a free session) and
+    the result when it is done; `close` releases its sessions (always call it, also
+    after an error or a cancel)."""
+
+    def __init__(self, manager: SessionManager, kind: str, spec: SessionSpec, prompt: Prompt,
+                 sampling: Sampling, emit: Emit, cancelled: CancelCheck,
+                 top_logprobs: int = 0) -> None:
+        if kind == "compare" and not spec.adapters:
+            raise RefusedError(f"{spec.name} is a base model; compare needs a variant")
+        self.manager = manager
+        self.kind = kind
+        self.prompt = prompt
+        self.sampling = sampling
+        self.emit = emit
+        self.cancelled = cancelled
+        self.top_logprobs = top_logprobs
+        # The variant opens first: on OpenVINO, registering its adapters may rebuild the
+        # compiled model, which closes that base's sessions; the base side then joins it.
+        self.wanted = ([("main", spec)] if kind == "generate"
+                       else [("variant", spec), ("base", spec.base_spec())])
+        self.sides: list[SideState] = []
+
+    @property
+    def started(self) -> bool:
+        return bool(self.sides)
+
+    def _start(self) -> bool:
+        sides = []
+        for name, spec in self.wanted:
+            tokens = self.manager.prompt_tokens(spec, self.prompt, self.cancelled)
+            session = self.manager.acquire(spec, tokens, self.cancelled)
+            if session is None:
+                for side in sides:
+                    self.manager.release(side.session)
+                return False
+            session.context.cancelled = self.cancelled
+            model = self.manager.residents[resident_key(spec)].model
+            sides.append(SideState(name, session, Sampler(self.sampling),
+                                   StopMatcher(self.sampling.stop), tokens,
+                                   decoder=model.text_stream()))
+        self.sides = sides
+        return True
+
+    def advance(self) -> dict[str, Any] | None:
+        if self.cancelled():
+            raise Cancelled("cancelled")
+        if not self.sides and not self._start():
+            return None
+        for side in self.sides:
+            if side.finish is None:
+                self.manager._advance(side, self.sampling, self.emit, self.cancelled,
+                                      self.top_logprobs)
+        if any(side.finish is None for side in self.sides):
+            return None
+        if self.kind == "generate":
+            return self.manager._result(self.sides[0])
+        variant, base = self.sides
+        results: dict[str, Any] = {"base": self.manager._result(base),
+                                   "variant": self.manager._result(variant)}
+        results["first_divergence"] = first_divergence(base.tokens, variant.tokens)
+        results["adapter_effect"] = self.manager.adapter_effect(base, variant)
+        return results
+
+    def close(self) -> None:
+        for side in self.sides:
+            if side.session in self.manager.sessions:
+                self.manager.release(side.session)
+        self.sides = []
+
+
+def run_task(task: GenerationTask) -> dict[str, Any]:
+    """Advance `task` to its end (nothing else is running)."""
+    try:
+        while True:
+            result = task.advance()
+            if result is not None:
+                return result
+            if not task.started:
+                raise EngineError("every session is busy")
+    finally:
+        task.close()
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

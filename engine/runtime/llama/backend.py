@@ -17,7 +17,7 @@ import ctypes
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import llama_cpp
@@ -85,12 +85,11 @@ class LlamaModel:
 
     def __init__(self, path: str, sha256: str, n_threads: int = 1,
                  progress: Callable[[float], None] | None = None,
-                 cancelled: Callable[[], bool] = lambda: False, n_batch: int = 512) -> None:
+                 cancelled: Callable[[], bool] = lambda: False) -> None:
         init_runtime()
         self.path = path
         self.sha256 = sha256
         self.n_threads = n_threads
-        self.n_batch = n_batch
         params = llama_cpp.llama_model_default_params()
         params.n_gpu_layers = 0
 
@@ -116,6 +115,11 @@ class LlamaModel:
         self.adapters: dict[str, ctypes.c_void_p] = {}
         self.adapter_users: dict[str, int] = {}
         self.size_bytes = int(llama_cpp.llama_model_size(self.ptr))
+        # f16 keys and values of every layer, per KV cell (llama.cpp's default types).
+        n_head = max(llama_cpp.llama_model_n_head(self.ptr), 1)
+        kv_width = (llama_cpp.llama_model_n_embd(self.ptr) // n_head
+                    * llama_cpp.llama_model_n_head_kv(self.ptr))
+        self.kv_bytes_per_cell = int(llama_cpp.llama_model_n_layer(self.ptr)) * 2 * kv_width * 2
 
     # -------------------------------------------------------------- vocabulary
 
@@ -159,9 +163,9 @@ class LlamaModel:
     def needs_rebuild(self, adapters: Sequence[tuple[AdapterFile, AdapterInfo]]) -> bool:
         return False  # adapter sets belong to contexts: a new one changes no other
 
-    def new_context(self, adapters: Sequence[tuple[AdapterFile, AdapterInfo]], n_ctx: int
-                    ) -> LlamaContext:
-        return LlamaContext(self, tuple(a for a, _ in adapters), n_ctx, self.n_batch,
+    def new_context(self, adapters: Sequence[tuple[AdapterFile, AdapterInfo]], n_ctx: int,
+                    n_batch: int) -> LlamaContext:
+        return LlamaContext(self, tuple(a for a, _ in adapters), n_ctx, n_batch,
                             self.n_threads)
 
     def details(self) -> dict[str, Any]:
@@ -234,15 +238,24 @@ class ByteStream:
 
 class LlamaContext:
     """One session (a `Context`): a context over a resident model, with a fixed adapter
-    set.
+    set, and a prefix cache that keeps warm answers equal to cold ones.
+
+    llama.cpp's numerics depend on the batch a token was decoded in, so reusing any
+    matching prefix (as `Llama.generate` does) changes the logits a little. Here every
+    prompt is decoded in chunks of `n_batch` tokens aligned to absolute positions
+    (0, n_batch, 2·n_batch, ...); a later request of the same context (same identity)
+    keeps only the *whole aligned chunks* of its cached tokens that match its prompt
+    (`aligned` counts them), drops the partial tail chunk and the tokens generated one
+    by one, and decodes the rest the same aligned way. Every token is then computed in
+    the same batch as in a cold run, so warm and cold logits are bit-identical
+    (tests/test_prefix_cache.py holds this; see docs/notes.md).
 
     `n_ctx` is the session's context size (part of its identity); the native KV cache
     is allocated only as large as the requests need (`capacity`, grown in powers of two
     up to n_ctx), because one full cache costs as much memory as this model's weights.
-    Growing recreates the native context, and every request starts from an empty
-    cache anyway. The size does not change any result: attention runs over the used
-    cells rounded up to llama.cpp's padding, not over the allocation, so logits are
-    bit-identical whatever the capacity (tests/test_engine_llama.py holds this).
+    Growing recreates the native context (the cache starts empty again). The size does
+    not change any result: attention runs over the used cells rounded up to llama.cpp's
+    padding, not over the allocation (tests/test_engine_llama.py holds this).
     """
 
     def __init__(self, model: LlamaModel, adapters: tuple[AdapterFile, ...], n_ctx: int,
@@ -256,6 +269,8 @@ class LlamaContext:
         self.batch = None
         self.capacity = 0
         self.tokens: list[int] = []  # what the KV cache holds, in order (sequence 0)
+        self.aligned = 0  # leading cached tokens decoded as whole aligned chunks
+        self.reused = 0  # tokens the last prefill or score took from the cache
 
         @llama_cpp.ggml_abort_callback
         def should_abort(user: ctypes.c_void_p) -> bool:
@@ -281,6 +296,7 @@ class LlamaContext:
             llama_cpp.llama_free(self.ptr)
             self.ptr = None
         self.tokens = []
+        self.aligned = 0
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = capacity
         params.n_batch = self.n_batch
@@ -308,6 +324,11 @@ class LlamaContext:
     def kv_capacity(self) -> int:
         return self.capacity
 
+    @property
+    def kv_bytes(self) -> int:
+        """Memory of the allocated KV cache (f16 keys and values)."""
+        return self.capacity * self.model.kv_bytes_per_cell
+
     def reserve(self, n_tokens: int) -> None:
         """Make room for `n_tokens` cached tokens (up to n_ctx); may empty the cache."""
         if n_tokens > self.capacity and self.capacity < self.n_ctx:
@@ -317,85 +338,112 @@ class LlamaContext:
         ptr = llama_cpp.llama_get_logits_ith(self.ptr, index)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
 
-    def _decode(self, tokens: list[int], want_all: bool) -> list[np.ndarray]:
-        """Append `tokens` to the cache; logits for every position or only the last."""
-        out: list[np.ndarray] = []
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise EngineError(f"context full: {len(self.tokens) + len(tokens)} tokens do not "
-                              f"fit in n_ctx={self.n_ctx}")
-        if len(self.tokens) + len(tokens) > self.capacity:
-            # prefill and score reserve what a request needs; growing here would mean
-            # decoding the cached tokens again, in another batch, with other numerics.
-            raise EngineError(f"internal: {len(self.tokens) + len(tokens)} tokens exceed the "
+    def _check_room(self, more: int) -> None:
+        if len(self.tokens) + more > self.n_ctx:
+            raise EngineError(f"context full: {len(self.tokens) + more} tokens do not fit in "
+                              f"n_ctx={self.n_ctx}")
+        if len(self.tokens) + more > self.capacity:
+            # prefill and score reserve what a request needs; growing here would drop the
+            # cached tokens.
+            raise EngineError(f"internal: {len(self.tokens) + more} tokens exceed the "
                               f"reserved KV capacity {self.capacity}")
-        for start in range(0, len(tokens), self.n_batch):
+
+    def _decode_batch(self, tokens: list[int], want: str) -> list[np.ndarray]:
+        """Decode one batch appended to the cache; logits of "all", "last" or "none"."""
+        if self.cancelled():
+            raise Cancelled("cancelled")
+        b = self.batch
+        start = len(self.tokens)
+        for i, token in enumerate(tokens):
+            b.token[i] = token
+            b.pos[i] = start + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = want == "all" or (want == "last" and i == len(tokens) - 1)
+        b.n_tokens = len(tokens)
+        rc = llama_cpp.llama_decode(self.ptr, b)
+        if rc != 0:
+            # An aborted or failed batch leaves the cache in an unknown state.
+            self.reset()
             if self.cancelled():
                 raise Cancelled("cancelled")
-            chunk = tokens[start:start + self.n_batch]
-            last_chunk = start + self.n_batch >= len(tokens)
-            b = self.batch
-            for i, token in enumerate(chunk):
-                b.token[i] = token
-                b.pos[i] = len(self.tokens) + i
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = 0
-                b.logits[i] = want_all or (last_chunk and i == len(chunk) - 1)
-            b.n_tokens = len(chunk)
-            rc = llama_cpp.llama_decode(self.ptr, b)
-            if rc != 0:
-                # An aborted or failed batch leaves the cache in an unknown state.
+            raise EngineError(f"llama_decode failed (code {rc})", details=recent_log())
+        self.tokens.extend(tokens)
+        if start == self.aligned and len(tokens) == self.n_batch and start % self.n_batch == 0:
+            self.aligned += len(tokens)
+        if want == "all":
+            return [self._logits(i) for i in range(len(tokens))]
+        return [self._logits(len(tokens) - 1)] if want == "last" else []
+
+    def _chunks(self, tokens: list[int]) -> Iterator[list[int]]:
+        """`tokens` (appended at the cache's end) cut at absolute multiples of n_batch."""
+        at, position = 0, len(self.tokens)
+        while at < len(tokens):
+            size = self.n_batch - position % self.n_batch
+            yield tokens[at:at + size]
+            at += size
+            position += size
+
+    def _reuse(self, prompt: list[int]) -> None:
+        """Keep the whole aligned chunks of the cache that start `prompt` (at least one
+        prompt token is left to decode, for its logits); drop the rest."""
+        keep = min(self.aligned, _common(self.tokens, prompt), len(prompt) - 1)
+        keep -= keep % self.n_batch
+        if keep < len(self.tokens):
+            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, keep, -1):
                 self.reset()
-                if self.cancelled():
-                    raise Cancelled("cancelled")
-                raise EngineError(f"llama_decode failed (code {rc})", details=recent_log())
-            self.tokens.extend(chunk)
-            if want_all:
-                out.extend(self._logits(i) for i in range(len(chunk)))
-            elif last_chunk:
-                out.append(self._logits(len(chunk) - 1))
-        return out
+                keep = 0
+            self.tokens = self.tokens[:keep]
+        self.aligned = min(self.aligned, keep)
+        self.reused = keep
+
+    def prefill_steps(self, prompt: list[int], reserve: int = 0
+                      ) -> Iterator[np.ndarray | None]:
+        """Decode `prompt` (reusing what the prefix cache allows) one aligned chunk per
+        step: yields None after each chunk but the last, then the logits after the
+        prompt. Room is reserved for `reserve` more tokens."""
+        if not prompt:
+            raise EngineError("empty prompt")
+        self.reserve(len(prompt) + reserve)
+        self._reuse(prompt)
+        rest = prompt[len(self.tokens):]
+        self._check_room(len(rest))
+        chunks = list(self._chunks(rest))
+        for index, chunk in enumerate(chunks):
+            last = index == len(chunks) - 1
+            rows = self._decode_batch(chunk, "last" if last else "none")
+            yield rows[-1] if last else None
+
+    def prefill(self, prompt: list[int], reserve: int = 0) -> np.ndarray:
+        """Logits after `prompt` (all its chunks at once)."""
+        for logits in self.prefill_steps(prompt, reserve):
+            if logits is not None:
+                return logits
+        raise EngineError("internal: prefill produced no logits")
+
+    def step(self, token: int) -> np.ndarray:
+        self._check_room(1)
+        return self._decode_batch([token], "last")[-1]
+
+    def score(self, prompt: list[int], continuation: list[int]) -> list[np.ndarray]:
+        """Logits predicting each token of `continuation` after `prompt` (teacher forcing),
+        computed in the same aligned chunks as a cold decode of prompt + continuation."""
+        if not continuation:
+            return []
+        feed = prompt + continuation[:-1]
+        self.reserve(len(feed))
+        self._reuse(prompt)
+        rest = feed[len(self.tokens):]
+        self._check_room(len(rest))
+        rows: list[np.ndarray] = []
+        for chunk in self._chunks(rest):
+            rows.extend(self._decode_batch(chunk, "all"))
+        return rows[len(rows) - len(continuation):]
 
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
         self.tokens = []
-
-    def _keep(self, n: int) -> None:
-        """Keep only the first `n` cached tokens."""
-        if n < len(self.tokens):
-            if not llama_cpp.llama_memory_seq_rm(self.memory, 0, n, -1):
-                self.reset()
-                return
-            self.tokens = self.tokens[:n]
-
-    def prefill(self, prompt: list[int], reserve: int = 0) -> np.ndarray:
-        """Logits after `prompt`, decoded from an empty cache in one pass, with room
-        for `reserve` more tokens.
-
-        Reusing a cached prefix would be faster, but llama.cpp's numerics depend on
-        the batch a token was decoded in, so a warm and a cold run of the same prompt
-        could pick different greedy tokens. Same prompt, same identity: same text.
-        """
-        if not prompt:
-            raise EngineError("empty prompt")
-        self.reserve(len(prompt) + reserve)
-        self.reset()
-        return self._decode(prompt, want_all=False)[-1]
-
-    def step(self, token: int) -> np.ndarray:
-        return self._decode([token], want_all=False)[-1]
-
-    def score(self, prompt: list[int], continuation: list[int]) -> list[np.ndarray]:
-        """Logits predicting each token of `continuation` after `prompt` (teacher forcing)."""
-        if not continuation:
-            return []
-        self.reserve(len(prompt) + len(continuation))
-        self._keep(min(len(prompt) - 1, _common(self.tokens, prompt)))
-        feed = prompt[len(self.tokens):] + continuation[:-1]
-        rows = self._decode(feed, want_all=True)
-        return rows[len(rows) - len(continuation):]
-
-    def state_bytes(self) -> int:
-        return int(llama_cpp.llama_state_get_size(self.ptr))
+        self.aligned = 0
 
     def close(self) -> None:
         if getattr(self, "batch", None) is not None:

@@ -22,7 +22,7 @@ a prompt computes one row of logits, not one per token.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -227,8 +227,8 @@ class OvModel:
         without a LoRA branch yet; contexts on the old compiled model are then stale."""
         return self.compiled is not None and self._needs_branches(self._loaded(adapters))
 
-    def new_context(self, adapters: Sequence[tuple[AdapterFile, AdapterInfo]], n_ctx: int
-                    ) -> OvContext:
+    def new_context(self, adapters: Sequence[tuple[AdapterFile, AdapterInfo]], n_ctx: int,
+                    n_batch: int) -> OvContext:
         loaded = self._loaded(adapters)
         self.register(loaded)  # the first build already has these adapters' branches
         return OvContext(self, tuple(zip(loaded, (a.scale for a, _ in adapters),
@@ -278,6 +278,13 @@ class OvContext:
     def kv_capacity(self) -> int:
         return self.n_ctx  # the stateful KV cache grows by itself
 
+    @property
+    def kv_bytes(self) -> int:
+        """Memory of the KV state now (f32 keys and values of the cached tokens)."""
+        info = self.model.info
+        head_dim = info.embedding_length // max(info.head_count, 1)
+        return len(self.tokens) * info.block_count * 2 * info.head_count_kv * head_dim * 4
+
     def _run(self, tokens: list[int], logits_from: int) -> np.ndarray:
         """Append `tokens` to the KV state; logits for positions >= logits_from."""
         if len(self.tokens) + len(tokens) > self.n_ctx:
@@ -317,11 +324,20 @@ class OvContext:
 
     def prefill(self, prompt: list[int], reserve: int = 0) -> np.ndarray:
         """Logits after `prompt`, computed from an empty state in one pass (the
-        stateful KV cache grows by itself, so `reserve` needs nothing here)."""
+        stateful KV cache grows by itself, so `reserve` needs nothing here).
+
+        No prefix is reused: OpenVINO's stateful model cannot drop the tail of its KV
+        state, only reset all of it, so an OpenVINO session decodes every prompt whole.
+        """
         if not prompt:
             raise EngineError("empty prompt")
         self.reset()
         return self._run(prompt, len(prompt) - 1)[-1]
+
+    def prefill_steps(self, prompt: list[int], reserve: int = 0
+                      ) -> Iterator[np.ndarray | None]:
+        """`prefill` as one step (see `Context.prefill_steps`)."""
+        yield self.prefill(prompt, reserve)
 
     def step(self, token: int) -> np.ndarray:
         return self._run([token], 0)[-1]
