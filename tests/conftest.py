@@ -1,8 +1,10 @@
-"""Shared fixtures: an isolated data directory per test and the embedded base model."""
+"""Shared fixtures: an isolated data directory per test (or per module, for the modules
+that share one engine process), and the embedded base model."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,16 @@ def studio_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home = tmp_path / "home"
     monkeypatch.setenv("VARIANT_STUDIO_HOME", str(home))
     return home
+
+
+@pytest.fixture(scope="module")
+def module_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One data directory for a whole module (its tests share a catalog and an engine
+    process); a test that also takes `studio_home` gets its own for its duration."""
+    home = tmp_path_factory.mktemp("module-home") / "home"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("VARIANT_STUDIO_HOME", str(home))
+        yield home
 
 
 @pytest.fixture(scope="session")

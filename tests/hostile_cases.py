@@ -1,7 +1,11 @@
-"""The hostile-input suite: every case is built here (no binary blobs are committed),
-has its expected outcome written down in `CASES` (and mirrored in docs/security.md),
-and runs through the real CLI. `test_hostile_engine.py` runs the same table through
-the engine process.
+"""The hostile-input table and its builders, shared by the suites that run it.
+
+Every case is built here (no binary blobs are committed) and has its expected outcome
+written down in `CASES` (and mirrored in docs/security.md). `test_hostile.py` runs the
+table through the real CLI, `test_hostile_engine.py` through the engine process,
+`test_hostile_openvino.py` its PEFT cases through an OpenVINO session, and
+`test_hostile_bounds.py` measures the time and memory each inspection takes; the fuzz
+suite and `scripts/fuzz.py` start from the same builders. This module holds no tests.
 
 Outcomes: "refused: <reason substring>" means exit code 3, exactly one `error:` line
 on stderr that names the reason and holds no control character, the catalog
@@ -23,7 +27,6 @@ import os
 import signal
 import socket
 import struct
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +35,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import cli
-from engine.state import statefile
-from engine.formats.artifacts import BaseModelInfo
+from engine.catalog import digest
+from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.errors import InspectionError
+from engine.formats.artifacts import BaseModelInfo
+from engine.runtime.client import EngineClient
 from tests import factories as f
 
 BASE = DEFAULT_MODEL_NAME
@@ -962,127 +967,9 @@ def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
-@dataclass
-class World:
-    home: Path
-    workshop: Workshop
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, base_info: BaseModelInfo,
-          embedded_path: Path) -> Iterator[World]:
-    root = tmp_path_factory.mktemp("hostile")
-    home = root / "home"
-    old = os.environ.get("VARIANT_STUDIO_HOME")
-    os.environ["VARIANT_STUDIO_HOME"] = str(home)
-    inputs = root / "inputs"
-    inputs.mkdir()
-    w = Workshop(inputs, base_info, embedded_path)
-    try:
-        assert cli.main(["adapter", "add", "good", "--base", BASE, "--file",
-                         str(w.put("good", mini_lora()))]) == 0
-        assert cli.main(["model", "add", OV_BASE, "--backend", "openvino", "--file",
-                         str(ov_folder(w, "ov-good"))]) == 0
-        assert cli.main(["adapter", "add", "good-peft", "--base", OV_BASE, "--file",
-                         str(peft_folder(w, "peft-good"))]) == 0
-        statefile.take_notices()
-        yield World(home, w)
-    finally:
-        if old is None:
-            os.environ.pop("VARIANT_STUDIO_HOME", None)
-        else:
-            os.environ["VARIANT_STUDIO_HOME"] = old
-
-
-def cli_argv(case: Case, target: Path | str) -> list[str]:
-    if case.surface == "adapter":
-        return ["adapter", "add", "bad", "--base", BASE, "--file", str(target)]
-    if case.surface == "peft":
-        return ["adapter", "add", "bad", "--base", OV_BASE, "--file", str(target)]
-    if case.surface == "model":
-        return ["model", "add", "bad", "--file", str(target)]
-    assert case.surface == "variant"
-    return ["variant", "add", "bad", "--base", BASE, "--adapter", f"good:{target}"]
-
-
-def run_cli(argv: list[str], capsys: pytest.CaptureFixture, what: str) -> tuple[int, str, str]:
-    with deadline(CASE_SECONDS, what):
-        code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-# --------------------------------------------------------------------------- tests
-
-
-def test_the_controls_are_accepted(world: World, capsys: pytest.CaptureFixture) -> None:
-    """The builders' baselines are valid: each case fails only because of its defect."""
-    w = world.workshop
-    shown = json.loads(run_cli(["show", "good", "--json"], capsys, "show")[1])
-    assert shown["status"] == "warn" and shown["rank"] == 8 and shown["targets"] == ["attn_q"]
-    shown = json.loads(run_cli(["show", "good-peft", "--json"], capsys, "show")[1])
-    assert shown["status"] == "warn" and shown["rank"] == 8
-    code, _, err = run_cli(["model", "add", "tiny", "--file", str(w.put("tiny-ok",
-                                                                         tiny_base()))],
-                           capsys, "tiny base")
-    assert code == 0, err
-    assert run_cli(["remove", "tiny"], capsys, "remove")[0] == 0
-
-
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_hostile_input_through_the_cli(case: Case, world: World,
-                                       capsys: pytest.CaptureFixture) -> None:
-    target = build(case, world.workshop)
-    catalog = world.home / "catalog.json"
-    before, home_before = catalog.read_bytes(), tree(world.home)
-    inputs_before = tree(world.workshop.tmp)
-    start = time.monotonic()
-    code, out, err = run_cli(cli_argv(case, target), capsys, case.id)
-    elapsed = time.monotonic() - start
-    assert "Traceback" not in err and "internal error" not in err, err
-    if case.cli == ACCEPTED:
-        assert code == 0, err
-        _check_harmless(case, world, capsys)
-    else:
-        reason = case.cli.removeprefix("refused: ")
-        lines = err.strip().splitlines()
-        assert code == 3, (code, err)
-        assert len(lines) == 1 and lines[0].startswith("error: "), err
-        assert reason in lines[0], lines[0]
-        assert lines[0].isprintable(), f"control characters in {lines[0]!r}"
-        assert catalog.read_bytes() == before, "a refused input changed the catalog"
-        assert tree(world.home) - home_before <= {"digests.json"}, "left files behind"
-    assert tree(world.workshop.tmp) == inputs_before, "created files next to the input"
-    assert elapsed < CASE_SECONDS
-
-
-def _check_harmless(case: Case, world: World, capsys: pytest.CaptureFixture) -> None:
-    code, out, err = run_cli(["show", "bad", "--json"], capsys, "show")
-    assert code == 0, err
-    shown = json.loads(out)
-    assert printable_everywhere(shown), "control characters reach what the app shows"
-    if case.surface in ("adapter", "peft"):
-        assert Path(shown["path"]).parent == world.home / "adapters" / "bad"
-    listing = run_cli(["list"], capsys, "list")[1]
-    assert all(line.isprintable() for line in listing.splitlines())
-    assert run_cli(["remove", "bad"], capsys, "remove")[0] == 0
-
-
-def test_the_table_is_mirrored_in_docs_security_md() -> None:
-    """docs/security.md lists every case with the same expected outcomes."""
-    text = (ROOT / "docs" / "security.md").read_text(encoding="utf-8")
-    rows = {}
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 5 and cells[0].startswith("`") and cells[0].endswith("`"):
-            rows[cells[0].strip("`")] = (cells[2], cells[3].replace("\\|", "|"),
-                                         cells[4].replace("\\|", "|"))
-    expected = {c.id: (c.surface, c.cli, c.engine_outcome) for c in CASES}
-    assert rows == expected
-
 
 def markdown_rows() -> str:
-    """The table for docs/security.md (python -c 'from tests.test_hostile import *; ...')."""
+    """The table for docs/security.md (python -c 'from tests.hostile_cases import *; ...')."""
     lines = []
     for c in CASES:
         cells = [f"`{c.id}`", c.what.replace("|", "\\|"), c.surface,
@@ -1099,3 +986,57 @@ def summary() -> dict[str, int]:
         "engine refused": sum(c.engine_outcome != ACCEPTED for c in CASES),
         "engine accepted-harmless": sum(c.engine_outcome == ACCEPTED for c in CASES),
     }
+
+
+# --------------------------------------------------------------------------- engine side
+
+ENGINE_PROMPT = {"text": "Hello", "chat": True}
+ENGINE_SAMPLING = {"temperature": 0.0, "max_tokens": 2, "repeat_penalty": 1.0}
+ENGINE_TIMEOUT = 120  # seconds; a request still running then is a hang
+
+
+@dataclass
+class EngineWorld:
+    """A catalog with a good control variant and the one engine process of a module."""
+
+    catalog: Catalog
+    client: EngineClient
+    workshop: Workshop
+    pid: int
+
+
+def wire_params(spec: dict[str, Any]) -> dict[str, Any]:
+    """The raw `generate` params for a (possibly tampered) spec dict, as sent on the wire:
+    what the engine must refuse is sent as data, never built from the typed request."""
+    spec["identity"]["context"]["n_ctx"] = 512  # small contexts keep the modules quick
+    return {"spec": spec, "prompt": ENGINE_PROMPT, "sampling": ENGINE_SAMPLING}
+
+
+def raw_generate(client: EngineClient, params: dict[str, Any],
+                 timeout: float = ENGINE_TIMEOUT) -> Any:
+    return client.submit_raw("generate", params).wait(timeout)
+
+
+def true_digest(path: Path) -> str:
+    """The file's real digest, so the engine's digest check passes and its inspection
+    has to refuse the file on its own (zeros for what cannot be hashed)."""
+    try:
+        return digest.content_digest(path)
+    except InspectionError:
+        return "0" * 64
+
+
+def with_hostile_adapter(spec: dict[str, Any], target: Path, name: str) -> dict[str, Any]:
+    """`spec` (a variant's, as a dict) with its adapter replaced by the file `target`,
+    under its true digest."""
+    path = target
+    weights = path / "adapter_model.safetensors"
+    if path.is_dir() and (weights.exists() or weights.is_symlink()):
+        path = weights  # the engine is handed a stored PEFT adapter's weights file
+    sha = true_digest(path)
+    spec["name"] = name
+    spec["adapters"] = [{"name": "hostile", "path": str(path), "sha256": sha, "scale": 1.0,
+                         "config_sha256": None}]
+    spec["identity"]["adapters"] = [{"name": "hostile", "sha256": sha, "scale": 1.0}]
+    return spec
+
