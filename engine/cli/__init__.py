@@ -19,7 +19,7 @@ from importlib import metadata
 
 from engine.catalog import digest
 from engine.catalog.store import Catalog
-from engine.cli import catalog_cmds, health_cmds, run_cmds, train_cmds
+from engine.cli import catalog_cmds, health_cmds, run_cmds, serve_cmds, train_cmds
 from engine.cli.parser import build_parser
 from engine.curated import setup
 from engine.errors import Cancelled, StudioError, UsageError
@@ -39,6 +39,7 @@ COMMANDS: dict[str, Command] = {
     "status": health_cmds.cmd_status,
     "doctor": health_cmds.cmd_doctor,
     "train": train_cmds.cmd_train,
+    "serve": serve_cmds.cmd_serve,
 }
 READ_ONLY = frozenset({"list", "show", "status", "doctor"})
 FRONTENDS = "variant_studio.frontends"

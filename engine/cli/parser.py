@@ -79,7 +79,29 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check the installation and every catalog entry")
     doctor.add_argument("--json", action="store_true", help="print JSON")
     _train_parser(sub)
+    _serve_parser(sub)
     return parser
+
+
+def _serve_parser(sub: Any) -> None:
+    from engine.serve.config import DEFAULT_HOST, DEFAULT_PORT
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible server for every base and "
+                           "variant, by name (loopback only unless given a key)")
+    serve.add_argument("--host", default=DEFAULT_HOST,
+                       help=f"address to listen on (default {DEFAULT_HOST}; any other "
+                            "needs --api-key)")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT,
+                       help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    serve.add_argument("--api-key", dest="api_key",
+                       help="require `Authorization: Bearer KEY` on every request")
+    serve.add_argument("--variants", help="serve only these models and variants "
+                       "(comma-separated names; default: all)")
+    serve.add_argument("--max-sessions", dest="max_sessions", type=int, default=4,
+                       help="warm sessions kept at once (least recently used closes first)")
+    serve.add_argument("--cors-origin", dest="cors_origin",
+                       help="send CORS headers for this one origin (default: none, so no "
+                            "web page can call the server)")
 
 
 def _model_parser(sub: Any) -> None:

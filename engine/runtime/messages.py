@@ -238,6 +238,7 @@ class Token:
     logprob: float
     index: int
     top: tuple[tuple[int, str, float], ...] = ()
+    piece: str = ""  # this token's own text (sent with `top`)
 
 
 @dataclass(frozen=True)
@@ -272,7 +273,8 @@ def decode_event(message: dict[str, Any]) -> Event | None:
         return Token(str(message.get("side", "main")), int(message.get("token_id", -1)),
                      str(message.get("text", "")), float(message.get("logprob", 0.0)),
                      int(message.get("index", 0)),
-                     tuple((int(i), str(t), float(lp)) for i, t, lp in message.get("top") or ()))
+                     tuple((int(i), str(t), float(lp)) for i, t, lp in message.get("top") or ()),
+                     str(message.get("piece", "")))
     if kind == "progress":
         return Progress(str(message.get("stage", "")), float(message.get("fraction", 0.0)))
     if kind == "finished":

@@ -323,6 +323,7 @@ class SessionManager:
                                  "logprob": logprob, "index": len(side.tokens) - 1}
         if top:
             event["top"] = top
+            event["piece"] = model.token_text(token).decode("utf-8", "replace")
         emit("token", **event)
         if hit:
             side.finish = "stop"

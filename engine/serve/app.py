@@ -1,0 +1,467 @@
+"""The OpenAI-compatible ASGI app (Starlette, with sse-starlette for streaming).
+
+Routes: `GET /v1/models[/{id}]`, `POST /v1/chat/completions`, `POST /v1/completions`,
+`POST /v1/embeddings` (a clear "not supported"), `GET /v1/variant-studio/status`.
+A request names a base or variant as its `model`; it is resolved against the catalog
+at that moment, so its identity (base and adapter digests, scales, template, runtime)
+is what the engine serves and caches under, and what the `x-variant-identity` header
+reports. Warm state is never shared across identities, whatever the prompts.
+
+`Guard` runs before any route: the Host header (loopback names only when bound to
+loopback, so a web page cannot reach the server through DNS rebinding), the API key
+(constant-time comparison) and the body size. CORS headers are sent only for the
+origin given with `--cors-origin`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import json
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from engine import __version__
+from engine.catalog import resolve
+from engine.catalog.resolve import SessionSpec
+from engine.catalog.store import Catalog
+from engine.errors import StudioError
+from engine.formats.templates import Message
+from engine.runtime import messages as m
+from engine.serve import schemas
+from engine.serve.bridge import EngineBridge
+from engine.serve.config import ServeConfig
+from engine.serve.errors import ApiError, from_studio_error
+from engine.serve.models import ServedModels
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+LOG_ENTRIES = 500
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One served request, as the request log and the app's Server panel show it."""
+
+    time: float
+    path: str
+    model: str
+    identity: str  # short identity key ("" when the request failed before resolving)
+    prompt_tokens: int
+    completion_tokens: int
+    tokens_per_second: float
+    status: int
+    seconds: float
+
+
+@dataclass
+class ServerState:
+    config: ServeConfig
+    bridge: EngineBridge
+    models: ServedModels
+    log: deque[LogEntry] = dataclasses.field(default_factory=lambda: deque(maxlen=LOG_ENTRIES))
+    listeners: list[Callable[[LogEntry], None]] = dataclasses.field(default_factory=list)
+    started: float = dataclasses.field(default_factory=time.time)
+
+    def record(self, entry: LogEntry) -> None:
+        self.log.append(entry)
+        for listener in list(self.listeners):
+            with contextlib.suppress(Exception):  # a listener must not break serving
+                listener(entry)
+
+
+# --------------------------------------------------------------------------- guard
+
+
+class Guard:
+    """Host header, API key and body size, checked before anything else (pure ASGI, so
+    streaming and disconnects pass through untouched)."""
+
+    def __init__(self, app: Any, config: ServeConfig) -> None:
+        self.app = app
+        self.config = config
+        self.key = config.api_key.encode() if config.api_key else None
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                   for k, v in scope.get("headers", [])}
+        error = self._check(scope, headers)
+        if error is not None:
+            await error.response()(scope, receive, send)
+            return
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) >
+                                   self.config.max_body_bytes):
+            await _too_large(self.config).response()(scope, receive, send)
+            return
+        seen = 0
+
+        async def bounded_receive() -> dict:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.config.max_body_bytes:
+                    raise _too_large(self.config)
+            return message
+
+        await self.app(scope, bounded_receive, send)
+
+    def _check(self, scope: dict, headers: dict[str, str]) -> ApiError | None:
+        if self.config.loopback and not _loopback_host(headers.get("host", "")):
+            return ApiError(403, "this server answers only requests addressed to the loopback "
+                            "host (the Host header names another)", None, "forbidden_host")
+        if self.key is None or scope.get("method") == "OPTIONS":
+            return None
+        given = headers.get("authorization", "")
+        token = given[7:].strip() if given[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(token.encode("latin-1", "replace"), self.key):
+            return ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)",
+                            None, "invalid_api_key")
+        return None
+
+
+def _loopback_host(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+    return name in ("localhost", "127.0.0.1", "[::1]")
+
+
+def _too_large(config: ServeConfig) -> ApiError:
+    return ApiError(413, f"request body larger than {config.max_body_bytes} bytes", None,
+                    "request_too_large")
+
+
+# --------------------------------------------------------------------------- routes
+
+
+def state_of(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse(state_of(request).models.listing())
+
+
+async def get_model(request: Request) -> Response:
+    state = state_of(request)
+    name = request.path_params["model"]
+    state.models.spec(name)  # 404 for an unknown name
+    entry = state.models.entry(name)
+    if entry is None:
+        raise ApiError(400, f"{name} cannot be served now", "model", "model_unavailable")
+    return JSONResponse(entry)
+
+
+async def status(request: Request) -> Response:
+    state = state_of(request)
+    try:
+        engine = await state.bridge.call(m.Describe())
+    except StudioError as exc:
+        engine = {"state": "unavailable", "error": exc.message}
+    config = state.config
+    return JSONResponse({
+        "server": {"version": __version__, "host": config.host, "port": config.port,
+                   "started": state.started, "in_flight": state.bridge.in_flight,
+                   "served": state.bridge.served, "queue_limit": config.queue_limit,
+                   "max_sessions": config.max_sessions, "max_tokens": config.max_tokens,
+                   "api_key": config.api_key is not None,
+                   "exposed": list(config.variants) if config.variants else None},
+        "engine": engine})
+
+
+async def embeddings(request: Request) -> Response:
+    raise ApiError(400, "embeddings are not supported: Variant Studio serves text generation "
+                   "with adapters (chat and completions)", None, "unsupported_endpoint")
+
+
+async def chat_completions(request: Request) -> Response:
+    state = state_of(request)
+    body = schemas.parse(schemas.ChatCompletionRequest, await _json(request))
+    spec = state.models.spec(body.model)
+    prompt = m.Prompt(messages=tuple(
+        Message("system" if msg.role == "developer" else msg.role, msg.text())
+        for msg in body.messages), chat=True)
+    return await _serve(request, state, spec, body, prompt, chat=True)
+
+
+async def completions(request: Request) -> Response:
+    state = state_of(request)
+    body = schemas.parse(schemas.CompletionRequest, await _json(request))
+    spec = state.models.spec(body.model)
+    if not body.text():
+        raise ApiError(400, "the prompt is empty", "prompt", "invalid_value")
+    return await _serve(request, state, spec, body, m.Prompt(body.text()), chat=False)
+
+
+async def _json(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(400, f"the body is not valid JSON ({type(exc).__name__})", None,
+                       "invalid_json") from None
+
+
+def _sampling(state: ServerState, spec: SessionSpec, body: Any) -> Any:
+    limit = body.token_limit()
+    if limit is not None and limit > state.config.max_tokens:
+        field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) \
+            else "max_tokens"
+        raise ApiError(400, f"{field} {limit} is more than this server allows "
+                       f"({state.config.max_tokens})", field, "invalid_value")
+    try:
+        sampling = resolve.sampling(state.models.catalog, spec.name, max_tokens=limit,
+                                    temperature=body.temperature, top_p=body.top_p,
+                                    seed=body.seed, top_k=body.top_k,
+                                    repeat_penalty=body.repeat_penalty)
+        return dataclasses.replace(sampling, stop=body.stops())
+    except StudioError as exc:
+        raise ApiError(400, exc.message, None, "invalid_value") from None
+
+
+async def _serve(request: Request, state: ServerState, spec: SessionSpec, body: Any,
+                 prompt: m.Prompt, chat: bool) -> Response:
+    generate = m.Generate(spec, prompt, _sampling(state, spec, body), body.alternatives())
+    reply = Reply(state, request.url.path, spec, chat, body)
+    headers = {"x-variant-identity": spec.identity.key}
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventSourceResponse(reply.chunks(generate, include_usage), headers=headers,
+                                   ping=15)
+    result = await reply.whole(generate, request)
+    return JSONResponse(result, headers=headers)
+
+
+class Reply:
+    """One completion request: its engine events turned into OpenAI's shapes."""
+
+    def __init__(self, state: ServerState, path: str, spec: SessionSpec, chat: bool,
+                 body: Any) -> None:
+        self.state = state
+        self.path = path
+        self.spec = spec
+        self.chat = chat
+        self.body = body
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.started = time.monotonic()
+        self.fingerprint = f"vs-{__version__}-{spec.identity.short}"
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created,
+                "model": self.spec.name, "system_fingerprint": self.fingerprint}
+
+    def _log(self, status: int, result: dict[str, Any] | None) -> None:
+        result = result or {}
+        self.state.record(LogEntry(
+            time.time(), self.path, self.spec.name, self.spec.identity.short,
+            int(result.get("prompt_tokens", 0)), len(result.get("token_ids", [])),
+            float(result.get("tokens_per_second", 0.0)), status,
+            time.monotonic() - self.started))
+
+    @staticmethod
+    def usage(result: dict[str, Any]) -> dict[str, int]:
+        prompt, completion = int(result["prompt_tokens"]), len(result["token_ids"])
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}
+
+    # ------------------------------------------------------------------ whole
+
+    async def whole(self, generate: m.Generate, request: Request) -> dict[str, Any]:
+        tokens: list[m.Token] = []
+        async with self.state.bridge.stream(generate) as events:
+            gone = asyncio.ensure_future(_disconnected(request))
+            try:
+                async for event in _until(events, gone):
+                    if isinstance(event, m.Token):
+                        tokens.append(event)
+                    elif isinstance(event, m.Finished):
+                        result = event.result
+                        break
+                    elif isinstance(event, m.Failed):
+                        error = from_studio_error(event.error)
+                        self._log(error.status, None)
+                        raise error
+                    elif isinstance(event, m.Cancelled):
+                        self._log(499, None)
+                        raise ApiError(503, "the request was cancelled", None, "cancelled")
+                else:  # the client went away: leaving the block cancels the generation
+                    self._log(499, None)
+                    raise ApiError(499, "client disconnected")
+            finally:
+                gone.cancel()
+        self._log(200, result)
+        finish = FINISH.get(result["finish_reason"], "stop")
+        logprobs = self._logprobs(tokens) if generate.top_logprobs else None
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": result["text"]},
+                      "logprobs": logprobs, "finish_reason": finish}
+            return {**self._head("chat.completion"), "choices": [choice],
+                    "usage": self.usage(result)}
+        choice = {"index": 0, "text": result["text"], "logprobs": logprobs,
+                  "finish_reason": finish}
+        return {**self._head("text_completion"), "choices": [choice],
+                "usage": self.usage(result)}
+
+    def _logprobs(self, tokens: list[m.Token]) -> dict[str, Any]:
+        if self.chat:
+            wanted = self.body.top_logprobs or 0
+            return {"content": [
+                {"token": t.piece, "logprob": t.logprob, "bytes": list(t.piece.encode()),
+                 "top_logprobs": [{"token": text, "logprob": lp, "bytes": list(text.encode())}
+                                  for _id, text, lp in t.top[:wanted]]}
+                for t in tokens]}
+        offsets, at = [], 0
+        for t in tokens:
+            offsets.append(at)
+            at += len(t.text)
+        return {"tokens": [t.piece for t in tokens],
+                "token_logprobs": [t.logprob for t in tokens],
+                "top_logprobs": [{text: lp for _id, text, lp in t.top} for t in tokens],
+                "text_offset": offsets}
+
+    # ------------------------------------------------------------------ streaming
+
+    async def chunks(self, generate: m.Generate, include_usage: bool) -> AsyncIterator[str]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        extra = {"usage": None} if include_usage else {}
+
+        def chunk(delta: str | None, finish: str | None, logprobs: Any = None,
+                  role: bool = False) -> str:
+            if self.chat:
+                content: dict[str, Any] = {"role": "assistant"} if role else {}
+                if delta is not None:
+                    content["content"] = delta
+                choice = {"index": 0, "delta": content, "logprobs": logprobs,
+                          "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta or "", "logprobs": logprobs,
+                          "finish_reason": finish}
+            return json.dumps({**self._head(kind), "choices": [choice], **extra})
+
+        result: dict[str, Any] | None = None
+        try:
+            async with self.state.bridge.stream(generate) as events:
+                if self.chat:
+                    yield chunk("", None, role=True)
+                async for event in events:
+                    if isinstance(event, m.Token):
+                        logprobs = self._logprobs([event]) if generate.top_logprobs else None
+                        if event.text or logprobs:
+                            yield chunk(event.text, None, logprobs)
+                    elif isinstance(event, m.Finished):
+                        result = event.result
+                    elif isinstance(event, m.Failed):
+                        error = from_studio_error(event.error)
+                        self._log(error.status, None)
+                        yield json.dumps(error.body())
+                        return
+                    elif isinstance(event, m.Cancelled):
+                        self._log(499, None)
+                        return
+        except ApiError as error:  # refused before it started (the queue is full)
+            self._log(error.status, None)
+            yield json.dumps(error.body())
+            return
+        except asyncio.CancelledError:  # the client disconnected: the engine was told
+            self._log(499, None)
+            raise
+        assert result is not None
+        self._log(200, result)
+        yield chunk(None, FINISH.get(result["finish_reason"], "stop"))
+        if include_usage:
+            yield json.dumps({**self._head(kind), "choices": [], "usage": self.usage(result)})
+        yield "[DONE]"
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body was already read)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _until(events: AsyncIterator[m.Event], gone: asyncio.Future
+                 ) -> AsyncIterator[m.Event]:
+    """`events`, stopping early (without an error) once `gone` completes."""
+    while True:
+        step = asyncio.ensure_future(anext(events))
+        done, _ = await asyncio.wait({step, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if step not in done:
+            step.cancel()
+            return
+        try:
+            yield step.result()
+        except StopAsyncIteration:
+            return
+
+
+# --------------------------------------------------------------------------- errors
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {404: f"no such endpoint: {request.method} {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(
+        exc.status_code, str(exc.detail))
+    return ApiError(exc.status_code, message, None, "not_found" if exc.status_code == 404
+                    else None).response()
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # Never a traceback in a response: the type is enough for a bug report.
+    if isinstance(exc, StudioError):
+        return from_studio_error(exc).response()
+    return ApiError(500, f"internal error ({type(exc).__name__})", None,
+                    "internal_error").response()
+
+
+def create_app(config: ServeConfig, bridge: EngineBridge,
+               catalog: Catalog | None = None) -> Starlette:
+    routes = [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/variant-studio/status", status, methods=["GET"]),
+    ]
+    middleware = []
+    if config.cors_origin:
+        middleware.append(Middleware(
+            CORSMiddleware, allow_origins=[config.cors_origin], allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+            expose_headers=["x-variant-identity"]))
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={
+        ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+    app.state.server = ServerState(config, bridge, ServedModels(catalog or Catalog(),
+                                                                config.variants))
+    return app
+
+
+def guarded(app: Starlette, config: ServeConfig) -> Guard:
+    """The app behind its guard: what the HTTP server runs."""
+    return Guard(app, config)

@@ -1,0 +1,117 @@
+"""Running the local server: uvicorn on the configured address, one engine process.
+
+`serve` runs in the foreground (the `variant-studio serve` command; Ctrl-C stops it
+cleanly). `ServerThread` runs the same server in a background thread with its own
+event loop (the app's Server panel, tests), on a port of its choosing when given 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import uvicorn
+
+from engine.catalog.store import Catalog
+from engine.runtime.client import EngineClient
+from engine.serve.app import LogEntry, ServerState, create_app, guarded
+from engine.serve.bridge import EngineBridge
+from engine.serve.config import ServeConfig
+
+
+def engine_client(config: ServeConfig) -> EngineClient:
+    def env() -> dict[str, str]:
+        return {**os.environ, "VARIANT_STUDIO_MAX_SESSIONS": str(config.max_sessions)}
+
+    return EngineClient(env=env)
+
+
+def _uvicorn(config: ServeConfig, app: object) -> uvicorn.Server:
+    return uvicorn.Server(uvicorn.Config(
+        app, host=config.host, port=config.port, log_level="warning", access_log=False,
+        lifespan="off", server_header=False, proxy_headers=False,
+        limit_concurrency=config.queue_limit * 2 + 16))
+
+
+def _bind(config: ServeConfig) -> socket.socket:
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host.strip("[]"), config.port))
+    sock.set_inheritable(True)
+    return sock
+
+
+class ServerThread:
+    """The server in a background thread: `start()`, then `port`, `state`, `stop()`."""
+
+    def __init__(self, config: ServeConfig, catalog: Catalog | None = None,
+                 on_request: Callable[[LogEntry], None] | None = None) -> None:
+        self.config = config
+        self.client = engine_client(config)
+        self.app = create_app(config, EngineBridge(self.client, config.queue_limit), catalog)
+        self.state: ServerState = self.app.state.server
+        if on_request is not None:
+            self.state.listeners.append(on_request)
+        self._sock = _bind(config)  # bound now: a port in use fails here, not later
+        self.port = self._sock.getsockname()[1]
+        self._server = _uvicorn(config, guarded(self.app, config))
+        self._thread = threading.Thread(target=self._run, name="server", daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._server.serve(sockets=[self._sock]))
+        except BaseException as exc:  # reported by stop() / the caller
+            self.error = exc
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        pause = threading.Event()
+        # uvicorn sets `started` and offers no callback for it.
+        while not self._server.started and self._thread.is_alive() and \
+                time.monotonic() < deadline:
+            pause.wait(0.01)
+        if not self._server.started:
+            self.stop()
+            raise RuntimeError(f"the server did not start: {self.error!r}")
+        return self
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self._server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._sock.close()
+        self.client.close()
+
+
+def serve(config: ServeConfig, catalog: Catalog | None = None,
+          on_request: Callable[[LogEntry], None] | None = None) -> int:
+    """Serve in the foreground until interrupted (SIGINT/SIGTERM); returns the exit code."""
+    client = engine_client(config)
+    app = create_app(config, EngineBridge(client, config.queue_limit), catalog)
+    if on_request is not None:
+        app.state.server.listeners.append(on_request)
+    sock = _bind(config)
+    server = _uvicorn(config, guarded(app, config))
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    print(f"serving on http://{host}:{sock.getsockname()[1]}/v1 "
+          f"({'API key required' if config.api_key else 'no key: loopback only'}); "
+          "Ctrl-C stops", file=sys.stderr, flush=True)
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        sock.close()
+        client.close()
+    return 0
