@@ -100,8 +100,8 @@ def run(spec: SessionSpec, continuations: list[list[int]], prompts: list[Any],
     from engine.runtime.openvino import backend as openvino_backend
     from engine.runtime.openvino import build as openvino_build
 
-    session = manager.open(spec, cancelled)
-    token_lists = [manager.prompt_tokens(session, prompt) for prompt in prompts]
+    manager.open(spec, cancelled)  # the files verified before OpenVINO GenAI reads them
+    token_lists = [manager.prompt_tokens(spec, prompt, cancelled) for prompt in prompts]
     path = Path(spec.base_path)
     folder = path if path.is_dir() else openvino_build.ir_for_gguf(path, spec.identity.base_sha256)
     stderr: list[str] = []
