@@ -5,18 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.formats.artifacts import BaseModelInfo
-from engine.catalog.store import AdapterSpec, Catalog
-from engine.runtime.client import EngineClient
-from engine.curated.embedded import DEFAULT_MODEL_NAME
-from engine.catalog.resolve import resolve
-from tests import factories as f
-from engine.curated import setup
 from engine.catalog import imports
+from engine.catalog.profiles import Sampling
+from engine.catalog.resolve import resolve
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.curated import setup
+from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.formats.artifacts import BaseModelInfo
+from engine.runtime import messages
+from engine.runtime.client import EngineClient
+from tests import factories as f
 
 BASE = DEFAULT_MODEL_NAME
-PROMPT = {"text": "Write a short poem about the sea.", "chat": True}
-GREEDY = {"temperature": 0.0, "max_tokens": 24, "repeat_penalty": 1.0}
+PROMPT = messages.Prompt("Write a short poem about the sea.", chat=True)
+GREEDY: dict[str, Any] = {"temperature": 0.0, "max_tokens": 24, "repeat_penalty": 1.0}
+TIMEOUT = 300
 
 
 def populate(catalog: Catalog, tmp: Path, base: BaseModelInfo) -> None:
@@ -31,11 +34,21 @@ def populate(catalog: Catalog, tmp: Path, base: BaseModelInfo) -> None:
     catalog.add_variant("vab", BASE, [AdapterSpec("a", 0.5), AdapterSpec("b", 0.5)])
 
 
-def params(catalog: Catalog, name: str, prompt: dict | None = None, **sampling: Any
-           ) -> dict[str, Any]:
-    return {"spec": resolve(catalog, name).to_dict(), "prompt": prompt or PROMPT,
-            "sampling": {**GREEDY, **sampling}}
+def sampling(**changes: Any) -> Sampling:
+    """Greedy sampling of 24 tokens, with `changes` on top (`stop` may be a list)."""
+    return Sampling.from_dict({**GREEDY, **changes})
+
+
+def request(catalog: Catalog, name: str, prompt: messages.Prompt | None = None,
+            kind: type[messages.Generate] = messages.Generate, n_ctx: int | None = None,
+            backend: str | None = None, **changes: Any) -> messages.Generate:
+    """A Generate (or Compare) request for `name`: greedy unless `changes` say otherwise."""
+    return kind(resolve(catalog, name, n_ctx, backend), prompt or PROMPT, sampling(**changes))
 
 
 def generate(client: EngineClient, catalog: Catalog, name: str, **kw: Any) -> dict[str, Any]:
-    return client.call("generate", params(catalog, name, **kw), timeout=300)
+    return client.call(request(catalog, name, **kw), timeout=TIMEOUT)
+
+
+def tokens_of(events: list[messages.Event]) -> list[messages.Token]:
+    return [e for e in events if isinstance(e, messages.Token)]

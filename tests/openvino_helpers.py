@@ -14,11 +14,14 @@ from typing import Any
 
 import pytest
 
-from engine.runtime.openvino import build as openvino_build
-from engine.curated import openvino_default
-from engine.catalog.store import Catalog
+from engine.catalog import imports
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.curated import openvino_default, setup
+from engine.formats.artifacts import BaseModelInfo
+from engine.runtime import messages
 from engine.runtime.client import EngineClient
-from engine.curated import setup
+from engine.runtime.openvino import build as openvino_build
+from tests import factories as f
 
 _FIRST_BUILD: dict[str, Any] = {}
 
@@ -38,10 +41,10 @@ def first_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The session's first build of the default (through the engine), with its events."""
     if "result" not in _FIRST_BUILD:
         cache_dir(tmp_path_factory)
-        events: list[dict[str, Any]] = []
+        events: list[messages.Event] = []
         client = EngineClient()
         try:
-            handle = client.submit("build_openvino_default", {}, events.append)
+            handle = client.submit(openvino_default.build_request(), events.append)
             _FIRST_BUILD["result"] = handle.wait(1200)
         finally:
             client.close()
@@ -61,16 +64,19 @@ def register_default(catalog: Catalog, tmp_path_factory: pytest.TempPathFactory
     return openvino_default.ensure_default(catalog, builder=no_build)
 
 
-class Home:
-    """Point VARIANT_STUDIO_HOME at a folder for a module-scoped fixture."""
+def progress_events(build: dict[str, Any]) -> list[messages.Progress]:
+    """The progress events of the session's first build."""
+    return [e for e in build["events"] if isinstance(e, messages.Progress)]
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.old = os.environ.get("VARIANT_STUDIO_HOME")
-        os.environ["VARIANT_STUDIO_HOME"] = str(path)
 
-    def restore(self) -> None:
-        if self.old is None:
-            os.environ.pop("VARIANT_STUDIO_HOME", None)
-        else:
-            os.environ["VARIANT_STUDIO_HOME"] = self.old
+def openvino_variants(catalog: Catalog, tmp: Path, base_info: BaseModelInfo) -> None:
+    """On the OpenVINO default: PEFT adapters a (seed 1) and b (seed 2), and the variants
+    `engine_helpers.populate` makes on llama.cpp (va, vb, va0, vab)."""
+    ov = openvino_default.NAME
+    for name, seed in (("a", 1), ("b", 2)):
+        imports.add_adapter(catalog, name, ov, f.write_peft_lora(tmp / name, base_info,
+                                                                 seed=seed, strength=0.1))
+    catalog.add_variant("va", ov, [AdapterSpec("a", 1.0)])
+    catalog.add_variant("vb", ov, [AdapterSpec("b", 1.0)])
+    catalog.add_variant("va0", ov, [AdapterSpec("a", 0.0)])
+    catalog.add_variant("vab", ov, [AdapterSpec("a", 0.5), AdapterSpec("b", 0.5)])

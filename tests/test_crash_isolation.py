@@ -15,23 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from engine.state import conversations, settings
-from engine.formats.artifacts import BaseModelInfo
-from engine.catalog.store import AdapterSpec, Catalog
-from engine.runtime.client import EngineClient
-from engine.state.conversations import ChatMessage
-from engine.errors import EngineError
-from tests.engine_helpers import BASE, params
-from tests.test_hostile import mini_lora
-from engine.curated import setup
 from engine.catalog import imports
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.curated import setup
+from engine.errors import EngineError
+from engine.formats.artifacts import BaseModelInfo
+from engine.runtime import messages
+from engine.runtime.client import EngineClient
+from engine.state import conversations, settings
+from engine.state.conversations import ChatMessage
+from tests.engine_helpers import BASE, request
+from tests.hostile_cases import mini_lora
 
 TIMEOUT = 300
 
 
-def small(request: dict) -> dict:
-    request["spec"]["identity"]["context"]["n_ctx"] = 512  # quick to create
-    return request
+def small(catalog: Catalog, name: str) -> messages.Generate:
+    return request(catalog, name, n_ctx=512, max_tokens=8)  # a small context: quick to create
 
 
 def state_bytes(home: Path) -> dict[str, bytes]:
@@ -56,14 +56,13 @@ def test_an_engine_abort_is_reported_and_nothing_is_lost(
     env = {**os.environ, "VARIANT_STUDIO_TEST_HOOKS": "1"}
     client = EngineClient(env=env, on_state=lambda state, detail: states.append((state, detail)))
     try:
-        before = client.call("generate", small(params(catalog, "va", max_tokens=8)),
-                             timeout=TIMEOUT)
+        before = client.call(small(catalog, "va"), timeout=TIMEOUT)
         first_pid = client.pid
         saved = state_bytes(studio_home)
         assert {"catalog.json", "settings.json", f"conversations/{chat.id}.json"} <= set(saved)
 
         with pytest.raises(EngineError) as info:
-            client.call("abort", timeout=TIMEOUT)
+            client.call(messages.Abort(), timeout=TIMEOUT)
         error = info.value
         assert error.message.startswith("engine stopped: ")
         assert "SIGABRT" in error.message
@@ -79,8 +78,7 @@ def test_an_engine_abort_is_reported_and_nothing_is_lost(
         assert settings.load().threads == 2
 
         # The next request starts a new engine, which serves exactly what the old one did.
-        after = client.call("generate", small(params(catalog, "va", max_tokens=8)),
-                             timeout=TIMEOUT)
+        after = client.call(small(catalog, "va"), timeout=TIMEOUT)
         assert after["token_ids"] == before["token_ids"]
         assert client.pid != first_pid and client.starts == 2 and client.state == "running"
         assert [s for s, _ in states] == ["running", "crashed", "running"]
@@ -94,9 +92,9 @@ def test_the_abort_hook_is_off_unless_the_test_environment_enables_it(
     client = EngineClient(env=env)
     try:
         with pytest.raises(EngineError) as info:
-            client.call("abort", timeout=TIMEOUT)
+            client.call(messages.Abort(), timeout=TIMEOUT)
         assert info.value.message == "unknown engine request 'abort'"
-        assert client.call("ping", timeout=TIMEOUT)["pid"] == client.pid
+        assert client.call(messages.Ping(), timeout=TIMEOUT)["pid"] == client.pid
         assert client.starts == 1
     finally:
         client.close()

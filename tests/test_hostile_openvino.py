@@ -20,17 +20,28 @@ from typing import Any
 
 import pytest
 
-from engine.curated import openvino_default
-from engine.formats.artifacts import BaseModelInfo
-from engine.catalog.store import AdapterSpec, Catalog
-from engine.runtime.client import EngineClient
-from engine.errors import RefusedError, StudioError
-from engine.catalog.resolve import resolve
-from tests import factories as f
-from tests.test_hostile import CASES, Case, Workshop, build
-from tests.test_hostile_engine import TIMEOUT, EngineWorld, params, true_digest
-from tests.test_openvino_helpers import Home, register_default
 from engine.catalog import imports
+from engine.catalog.resolve import resolve
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.curated import openvino_default
+from engine.errors import RefusedError, StudioError
+from engine.formats.artifacts import BaseModelInfo
+from engine.runtime import messages
+from engine.runtime.client import EngineClient
+from tests import factories as f
+from tests.engine_helpers import request
+from tests.hostile_cases import (
+    CASES,
+    ENGINE_TIMEOUT,
+    Case,
+    EngineWorld,
+    Workshop,
+    build,
+    raw_generate,
+    wire_params,
+    with_hostile_adapter,
+)
+from tests.openvino_helpers import register_default
 
 OV = openvino_default.NAME
 # Every PEFT-surface case; the expected reason is the CLI's (the same validation runs).
@@ -44,28 +55,28 @@ class OvWorld(EngineWorld):
 
 def lora_state(client: EngineClient) -> dict[str, Any]:
     """What the OpenVINO resident has been given: adapters, LoRA layers, builds."""
-    (resident,) = [r for r in client.call("describe", timeout=TIMEOUT)["residents"]
+    (resident,) = [r for r in client.call(messages.Describe(),
+                                          timeout=ENGINE_TIMEOUT)["residents"]
                    if r["backend"] == "openvino"]
     return {"adapters": sorted(a["name"] for a in resident["adapters_registered"]),
             "lora_layers": resident["lora_layers"], "builds": resident["pipeline_builds"]}
 
 
 @pytest.fixture(scope="module")
-def ov_world(tmp_path_factory: pytest.TempPathFactory, base_info: BaseModelInfo,
-             embedded_path: Path) -> Iterator[OvWorld]:
+def ov_world(module_home: Path, tmp_path_factory: pytest.TempPathFactory,
+             base_info: BaseModelInfo, embedded_path: Path) -> Iterator[OvWorld]:
     root = tmp_path_factory.mktemp("hostile-openvino")
-    home = Home(root / "home")
     inputs = root / "inputs"
     inputs.mkdir()
     catalog = Catalog()
     register_default(catalog, tmp_path_factory)
-    imports.add_adapter(catalog, "good", OV, f.write_peft_lora(root / "good", base_info, seed=1,
-                                                      strength=0.1))
+    imports.add_adapter(catalog, "good", OV, f.write_peft_lora(root / "good", base_info,
+                                                               seed=1, strength=0.1))
     catalog.add_variant("good-ov", OV, [AdapterSpec("good", 1.0)])
     client = EngineClient()
     try:
-        first = client.call("generate", params(resolve(catalog, "good-ov").to_dict()),
-                            timeout=600)
+        first = client.call(request(catalog, "good-ov", messages.Prompt("Hello", chat=True),
+                                    n_ctx=512, max_tokens=2), timeout=600)
         assert first["token_ids"] and first["backend"] == "openvino"
         compiled = lora_state(client)
         assert compiled["adapters"] == ["good"] and compiled["lora_layers"] > 0
@@ -73,22 +84,11 @@ def ov_world(tmp_path_factory: pytest.TempPathFactory, base_info: BaseModelInfo,
                       client.pid or 0, compiled)
     finally:
         client.close()
-        home.restore()
 
 
 def hostile_spec(world: OvWorld, target: Path) -> dict[str, Any]:
     """The good OpenVINO variant's spec with its adapter replaced by the hostile file."""
-    spec = resolve(world.catalog, "good-ov").to_dict()
-    path = target
-    weights = path / "adapter_model.safetensors"
-    if path.is_dir() and (weights.exists() or weights.is_symlink()):
-        path = weights  # the engine is handed a stored PEFT adapter's weights file
-    sha = true_digest(path)
-    spec["name"] = "hostile"
-    spec["adapters"] = [{"name": "hostile", "path": str(path), "sha256": sha, "scale": 1.0,
-                         "config_sha256": None}]
-    spec["identity"]["adapters"] = [{"name": "hostile", "sha256": sha, "scale": 1.0}]
-    return spec
+    return with_hostile_adapter(resolve(world.catalog, "good-ov").to_dict(), target, "hostile")
 
 
 @pytest.mark.parametrize("case", OV_CASES, ids=[c.id for c in OV_CASES])
@@ -98,7 +98,7 @@ def test_hostile_peft_is_refused_by_the_engine_before_openvino_sees_it(
     spec = hostile_spec(world, Path(build(case, world.workshop)))
     assert spec["identity"]["backend"] == "openvino" and spec["base_name"] == OV
     with pytest.raises(StudioError) as info:
-        world.client.call("generate", params(spec), timeout=TIMEOUT)
+        raw_generate(world.client, wire_params(spec))
     error = info.value
     assert isinstance(error, RefusedError), f"{type(error).__name__}: {error.message}"
     assert case.cli.removeprefix("refused: ") in error.message, error.message

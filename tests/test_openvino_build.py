@@ -12,25 +12,25 @@ from pathlib import Path
 import pytest
 
 from engine import cli
-from engine.runtime.openvino import build as openvino_build
-from engine.curated import openvino_default
 from engine.catalog.store import Catalog
-from engine.runtime.client import EngineClient
+from engine.curated import openvino_default, setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.runtime.client import EngineClient
+from engine.runtime.openvino import build as openvino_build
 from tests import factories as f
-from tests.test_openvino_helpers import cache_dir, first_build, register_default
+from tests.engine_helpers import request
+from tests.openvino_helpers import cache_dir, first_build, progress_events, register_default
 
 STAGES = ["verifying source", "dequantizing to F16", "converting with OpenVINO",
           "naming layers", "describing", "done"]
-PROMPT = {"text": "Write a short poem about the sea.", "chat": True}
-GREEDY = {"temperature": 0.0, "max_tokens": 16, "repeat_penalty": 1.0}
 
 
 def test_default_is_built_once_with_progress_then_cached(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     build = first_build(tmp_path_factory)
     result = build["result"]
-    stages = [e["stage"] for e in build["events"] if e["event"] == "progress"]
+    progress = progress_events(build)
+    stages = [e.stage for e in progress]
     # With the session's own (fresh) cache the first request really built it; a cache
     # reused across sessions (VARIANT_STUDIO_OPENVINO_CACHE) may already hold it.
     if not build["external"]:
@@ -38,8 +38,7 @@ def test_default_is_built_once_with_progress_then_cached(
         seen = list(dict.fromkeys(stages))
         assert seen == STAGES, seen
         for stage in STAGES:
-            fractions = [e["fraction"] for e in build["events"]
-                         if e["event"] == "progress" and e["stage"] == stage]
+            fractions = [e.fraction for e in progress if e.stage == stage]
             assert fractions == sorted(fractions) and 0 <= fractions[0] <= fractions[-1] <= 1
     naming = result["naming"]
     assert (naming["layers"], naming["renamed"], naming["cross_checked"]) == (30, 210, 210)
@@ -53,7 +52,7 @@ def test_default_is_built_once_with_progress_then_cached(
     # A second request is answered from the cache: nothing is rebuilt.
     client = EngineClient()
     try:
-        again = client.call("build_openvino_default", timeout=300)
+        again = client.call(openvino_default.build_request(), timeout=300)
     finally:
         client.close()
     assert again["built"] is False and again["folder"] == result["folder"]
@@ -94,11 +93,16 @@ def test_first_use_adds_the_curated_default_with_its_recipe(
     assert [c["status"] for c in shown["checks"]] == ["pass"]
 
 
-def test_listing_a_fresh_catalog_never_touches_openvino(tmp_path: Path) -> None:
+def test_listing_a_fresh_catalog_never_touches_openvino(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fresh catalog shows the OpenVINO default as not built, instantly: `list` and
     `show` import no OpenVINO module and build nothing."""
     env = dict(os.environ, VARIANT_STUDIO_HOME=str(tmp_path / "home"),
                VARIANT_STUDIO_OPENVINO_CACHE=str(tmp_path / "cache"))
+    # The catalog as the first command that writes leaves it (with the demo): `list`
+    # and `show` write nothing, so they no longer create it themselves.
+    monkeypatch.setenv("VARIANT_STUDIO_HOME", env["VARIANT_STUDIO_HOME"])
+    setup.first_run(Catalog(), with_demo=True)
     code = ("import json, sys; from engine import cli; "
             "codes = [cli.main(['list', '--json']), "
             f"cli.main(['show', '{openvino_default.NAME}', '--json']), "
@@ -173,8 +177,6 @@ def test_layer_names_come_from_structure_not_names_or_positions(
 def test_a_gguf_is_served_directly_as_a_plain_openvino_base(
         studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
         base_info, capsys: pytest.CaptureFixture) -> None:
-    from engine.catalog.resolve import resolve
-
     catalog = Catalog()
     register_default(catalog, tmp_path_factory)
     f16 = Path(first_build(tmp_path_factory)["result"]["f16_gguf"])
@@ -183,9 +185,7 @@ def test_a_gguf_is_served_directly_as_a_plain_openvino_base(
     capsys.readouterr()
     client = EngineClient()
     try:
-        plain, named = (client.call("generate", {"spec": resolve(catalog, name).to_dict(),
-                                                 "prompt": PROMPT, "sampling": GREEDY},
-                                    timeout=900)
+        plain, named = (client.call(request(catalog, name, max_tokens=16), timeout=900)
                         for name in ("plain-ov", openvino_default.NAME))
     finally:
         client.close()
