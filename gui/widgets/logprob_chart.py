@@ -1,0 +1,67 @@
+"""The comparison's plot: per-token log-probability of the chosen token, base and
+variant, with the first divergence marked (QtCharts; values on hover)."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QWidget
+
+from gui.widgets.charting import ChartView
+
+BASE_COLOR = QColor("#2f6fdf")
+VARIANT_COLOR = QColor("#e0762b")
+
+
+class LogprobChart(ChartView):
+    """`set_data(base, variant, divergence)`: log p per token of each side (token
+    index on x, 0 at the top), a dashed line at the first divergence."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("run a comparison to see per-token log-probabilities",
+                         "token", "log p", parent)
+        self.setMinimumHeight(170)
+        self.setToolTip("log-probability of each chosen token (higher = more confident); "
+                        "the dashed line marks the first divergence")
+        self.base: list[float] = []
+        self.variant: list[float] = []
+        self.divergence: int | None = None
+        self.texts: dict[str, list[str]] = {"base": [], "variant": []}
+        grid = QColor("#888888")
+        self.divergence_line = self.line("first divergence", grid, 1.0,
+                                         Qt.PenStyle.DashLine, legend=False)
+        self.base_series = self.line("base", BASE_COLOR)
+        self.variant_series = self.line("variant", VARIANT_COLOR)
+        self.base_series.hovered.connect(
+            lambda point, state: state and self._hover("base", point))
+        self.variant_series.hovered.connect(
+            lambda point, state: state and self._hover("variant", point))
+        self.set_data([], [], None)
+
+    def set_data(self, base: list[float], variant: list[float], divergence: int | None,
+                 texts: dict[str, list[str]] | None = None) -> None:
+        self.base, self.variant, self.divergence = list(base), list(variant), divergence
+        self.texts = texts or {"base": [], "variant": []}
+        self.base_series.replace([QPointF(i, v) for i, v in enumerate(self.base)])
+        self.variant_series.replace([QPointF(i, v) for i, v in enumerate(self.variant)])
+        values = self.base + self.variant
+        low = min(min(values, default=-1.0), -1.0)
+        count = max(len(self.base), len(self.variant))
+        self.x_axis.setRange(0, max(count - 1, 1))
+        self.x_axis.setTickCount(min(max(count, 2), 9))
+        self.y_axis.setRange(low, 0.0)
+        if divergence is not None and divergence < count:
+            self.divergence_line.replace([QPointF(divergence, low), QPointF(divergence, 0.0)])
+        else:
+            self.divergence_line.clear()
+        self.show_hint(count == 0)
+
+    def _hover(self, side: str, point: QPointF) -> None:
+        values = self.base if side == "base" else self.variant
+        index = self.nearest(point, len(values))
+        if index is None:
+            return
+        texts = self.texts.get(side) or []
+        token = f" {texts[index]!r}" if index < len(texts) else ""
+        mark = " (first divergence)" if index == self.divergence else ""
+        self.tooltip(f"{side} token {index}{token}: log p {values[index]:.3f}{mark}")
