@@ -6,8 +6,19 @@ from __future__ import annotations
 
 from PySide6.QtCharts import QChart, QChartView, QLineSeries, QValueAxis, QXYSeries
 from PySide6.QtCore import QEvent, QMargins, QPointF, Qt
-from PySide6.QtGui import QColor, QCursor, QPainter, QPalette, QPen
+from PySide6.QtGui import QColor, QCursor, QFont, QPainter, QPalette, QPen
 from PySide6.QtWidgets import QToolTip, QWidget
+
+
+def nice_step(span: float, ticks: int) -> int:
+    """The smallest of 1, 2, 5, 10, 20, 50, ... that cuts `span` into at most `ticks`."""
+    step = 1
+    while span / step > ticks:
+        for factor in (2, 2.5, 2):  # 1 -> 2 -> 5 -> 10 -> 20 -> 50 ...
+            step = int(step * factor)
+            if span / step <= ticks:
+                break
+    return step
 
 
 class ChartView(QChartView):
@@ -20,13 +31,21 @@ class ChartView(QChartView):
         self.hint = hint
         self.setRenderHint(QPainter.RenderHint.Antialiasing)
         chart = self.chart_
-        chart.setMargins(QMargins(4, 4, 4, 4))
+        chart.setMargins(QMargins(2, 2, 2, 2))
         chart.setBackgroundRoundness(0)
-        chart.legend().setAlignment(Qt.AlignmentFlag.AlignBottom)  # never over a line
+        # Beside the plot, never over a line, and not taking height from a short plot.
+        chart.legend().setAlignment(Qt.AlignmentFlag.AlignRight)
         self.x_axis, self.y_axis = QValueAxis(), QValueAxis()
-        self.x_axis.setTitleText(x_title)
-        self.y_axis.setTitleText(y_title)
+        small = QFont(self.font())
+        small.setPointSizeF(max(6.5, small.pointSizeF() * 0.85))
+        for axis, title in ((self.x_axis, x_title), (self.y_axis, y_title)):
+            axis.setTitleText(title)
+            axis.setLabelsFont(small)
+            axis.setTitleFont(small)
+        chart.legend().setFont(small)
         self.x_axis.setLabelFormat("%d")
+        self.y_axis.setLabelFormat("%.1f")
+        self.y_axis.setTickCount(3)  # a short plot: more labels would not fit
         chart.addAxis(self.x_axis, Qt.AlignmentFlag.AlignBottom)
         chart.addAxis(self.y_axis, Qt.AlignmentFlag.AlignLeft)
         self._apply_palette()
@@ -49,6 +68,13 @@ class ChartView(QChartView):
         if not legend:
             for marker in self.chart_.legend().markers(series):
                 marker.setVisible(False)
+
+    def set_x_range(self, low: int, high: int) -> None:
+        """An integer axis (tokens, steps) with ticks on round numbers: 1, 2, 5, 10, ..."""
+        self.x_axis.setRange(low, high)
+        self.x_axis.setTickType(QValueAxis.TickType.TicksDynamic)
+        self.x_axis.setTickAnchor(0)
+        self.x_axis.setTickInterval(nice_step(high - low, 8))
 
     def show_hint(self, empty: bool) -> None:
         """The hint as the chart's title while there is nothing to plot."""

@@ -47,8 +47,7 @@ class LogprobChart(ChartView):
         values = self.base + self.variant
         low = min(min(values, default=-1.0), -1.0)
         count = max(len(self.base), len(self.variant))
-        self.x_axis.setRange(0, max(count - 1, 1))
-        self.x_axis.setTickCount(min(max(count, 2), 9))
+        self.set_x_range(0, max(count - 1, 1))
         self.y_axis.setRange(low, 0.0)
         if divergence is not None and divergence < count:
             self.divergence_line.replace([QPointF(divergence, low), QPointF(divergence, 0.0)])

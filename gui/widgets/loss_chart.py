@@ -31,6 +31,8 @@ class LossChart(ChartView):
         self.last.setBorderColor(LOSS_COLOR)
         self.attach(self.last, legend=False)
         self.chart_.legend().hide()  # one line: the axis title says what it is
+        self.y_axis.setLabelFormat("%.2f")
+        self.y_axis.setTickCount(5)
         self.series.hovered.connect(lambda point, state: state and self._hover(point))
         self.reset(0)
 
@@ -50,8 +52,7 @@ class LossChart(ChartView):
         values = [v for _, v in self.points]
         high = max(values, default=1.0)
         low = min(min(values, default=0.0), 0.0)
-        self.x_axis.setRange(1, last)
-        self.x_axis.setTickCount(min(last, 9))
+        self.set_x_range(1, last)
         self.y_axis.setRange(low, high if high > low else low + 1.0)
         self.last.replace([QPointF(*self.points[-1])] if self.points else [])
         self.show_hint(not self.points)
