@@ -1,4 +1,6 @@
-"""Application entry point: creates the QApplication and the main window."""
+"""Application entry point: creates the QApplication and the main window, and runs
+them on qasync's event loop (`gui.aio`), so the window's coroutines (the OpenVINO
+build awaits the engine's reply) run on the GUI thread as the Qt loop turns."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
-from gui import theme
+from gui import aio, theme
 
 ICON = Path(__file__).resolve().parents[1] / "resources" / "icons" / "variant-studio.svg"
 
@@ -34,6 +36,7 @@ def main(import_path: str | None = None, check: bool = False) -> int:
     app.setDesktopFileName("variant-studio")
     if ICON.exists():
         app.setWindowIcon(QIcon(str(ICON)))
+    loop = aio.install(app)  # before the window: its coroutines are scheduled on it
 
     from gui.main_window import MainWindow
 
@@ -59,4 +62,5 @@ def main(import_path: str | None = None, check: bool = False) -> int:
             window.close()
 
         QTimer.singleShot(0, report)
-    return app.exec()
+    with loop:  # closed at the end, with whatever coroutine is still pending
+        return int(loop.run_forever() or 0)

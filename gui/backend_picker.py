@@ -11,9 +11,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QWidget
 
+from engine.catalog import resolve
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
-from engine.catalog import resolve
 
 LABELS = {"llama": "llama.cpp", "openvino": "OpenVINO"}
 
@@ -42,6 +42,15 @@ class BackendPicker(QComboBox):
             self._model.appendRow(item)
         self.setCurrentIndex(0)
         self.setEnabled(sum(1 for _b, r in options if r is None) > 1)
+
+    def choose(self, backend: str) -> bool:
+        """Choose `backend` if it is listed and can serve; False if not."""
+        for row in range(self._model.rowCount()):
+            item = self._model.item(row)
+            if item.data(Qt.ItemDataRole.UserRole) == backend and item.isEnabled():
+                self.setCurrentIndex(row)
+                return True
+        return False
 
     def backend(self) -> str | None:
         """The chosen backend, or None when the model's own one is chosen (or none)."""

@@ -1,8 +1,13 @@
 """Chat with a base model or variant: conversations per model, kept across restarts.
 
-Answers stream in through the engine client (already throttled), and only the
+Each answer is one engine request (`Generate`) whose `Reply` this view holds: its
+tokens stream in through the reply's own signals (already throttled), and only the
 streaming message is re-rendered, so the window stays responsive. Every answer is
-labelled with the model and the short identity that produced it, and its speed.
+labelled with the model and the short identity that produced it, and its speed. The
+answer is kept in the conversation it was asked in, even when the user moves on to
+another model or chat before it ends (the old request is stopped). The backend picker
+follows catalog changes (`CatalogEvents`): an imported, converted or removed part can
+change which backends can serve the model.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import html
 import time
 from typing import Any
 
-from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
 from PySide6.QtGui import QGuiApplication, QKeyEvent, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QHBoxLayout,
@@ -25,13 +30,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.state import conversations, settings
+from engine.catalog import resolve
+from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
-from engine.state.conversations import ChatMessage, Conversation
 from engine.errors import StudioError
-from engine.catalog.resolve import SessionSpec, resolve
+from engine.formats.templates import Message
+from engine.runtime.messages import Generate, Prompt
+from engine.state import conversations, settings
+from engine.state.conversations import ChatMessage, Conversation
 from gui.backend_picker import LABELS, BackendPicker
-from gui.engine_client import QtEngineClient
+from gui.catalog_events import CatalogEvents, touches
+from gui.engine_client import QtEngineClient, Reply
 from gui.render import markdown_html
 
 ConversationId = Qt.ItemDataRole.UserRole + 1
@@ -76,14 +85,14 @@ class ChatView(QWidget):
     busyChanged = Signal(bool)
     answered = Signal()
 
-    def __init__(self, client: QtEngineClient, catalog: Catalog,
+    def __init__(self, client: QtEngineClient, catalog: Catalog, events: CatalogEvents,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.client = client
         self.catalog = catalog
         self.model_name: str | None = None
         self.conversation: Conversation | None = None
-        self.request_id: str | None = None
+        self.reply: Reply | None = None  # the answer being generated
         self._stream_text = ""
         self._stream_start = 0
         self._started = 0.0
@@ -154,10 +163,7 @@ class ChatView(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.splitter)
 
-        client.tokens.connect(self._on_tokens)
-        client.finished.connect(self._on_finished)
-        client.failed.connect(self._on_failed)
-        client.cancelled.connect(self._on_cancelled)
+        events.catalogChanged.connect(self._catalog_changed)
         self._update_buttons()
 
     # ---------------------------------------------------------------- conversations
@@ -165,8 +171,7 @@ class ChatView(QWidget):
     def set_model(self, name: str | None) -> None:
         if name == self.model_name:
             return
-        if self.request_id:
-            self.stop()
+        self._abandon()
         self.model_name = name
         self.backend.set_target(self.catalog, name)
         self._reload_list()
@@ -177,9 +182,17 @@ class ChatView(QWidget):
         existing = conversations.list_all(name)
         self.open_conversation(existing[0] if existing else conversations.new(name))
 
-    def catalog_changed(self) -> None:
-        """Which backends can serve the current model may have changed."""
-        if self.request_id is None:
+    def _catalog_changed(self, kinds: list[str], names: list[str]) -> None:
+        """Which backends can serve the current model may have changed (a part was
+        imported, converted or removed), or the model itself was removed or edited."""
+        if self.model_name is None or not touches(kinds, ("model", "adapter", "variant")):
+            return
+        try:
+            self.catalog.find(self.model_name)
+        except StudioError:  # removed: nothing to chat with (the window selects another)
+            self.set_model(None)
+            return
+        if self.reply is None:
             self.backend.set_target(self.catalog, self.model_name)
             self._render_header()
 
@@ -203,7 +216,7 @@ class ChatView(QWidget):
                 self.list.setCurrentIndex(item.index())
 
     def _pick_conversation(self, current: Any, _previous: Any) -> None:
-        if not current.isValid() or self.request_id:
+        if not current.isValid() or self.reply:
             return
         conv_id = current.data(ConversationId)
         if self.conversation and conv_id == self.conversation.id:
@@ -216,13 +229,12 @@ class ChatView(QWidget):
     def new_chat(self) -> None:
         if self.model_name is None:
             return
-        if self.request_id:
-            self.stop()
+        self._abandon()
         self.open_conversation(conversations.new(self.model_name))
         self.input.setFocus()
 
     def delete_chat(self) -> None:
-        if self.conversation is None or self.request_id:
+        if self.conversation is None or self.reply:
             return
         conversations.delete(self.conversation.id)
         self.conversation = None
@@ -263,7 +275,7 @@ class ChatView(QWidget):
                                 f"<span style='color:#d23c3c'>{html.escape(exc.message)}</span>")
 
     def _update_buttons(self) -> None:
-        busy = self.request_id is not None
+        busy = self.reply is not None
         has_model = self.model_name is not None
         messages = self.conversation.messages if self.conversation else ()
         self.send_button.setEnabled(has_model and not busy)
@@ -277,7 +289,7 @@ class ChatView(QWidget):
 
     def send(self) -> None:
         text = self.input.toPlainText().strip()
-        if not text or self.model_name is None or self.conversation is None or self.request_id:
+        if not text or self.model_name is None or self.conversation is None or self.reply:
             return
         self.input.clear()
         self.conversation = self.conversation.with_messages(
@@ -286,7 +298,7 @@ class ChatView(QWidget):
         self._start()
 
     def regenerate(self) -> None:
-        if self.conversation is None or self.request_id:
+        if self.conversation is None or self.reply:
             return
         messages = list(self.conversation.messages)
         while messages and messages[-1].role == "assistant":
@@ -303,16 +315,18 @@ class ChatView(QWidget):
         kind, _record = self.catalog.find(self.model_name)
         # A plain base has no profile: it runs with the context size from Settings.
         n_ctx = settings.load().context_size if kind == "model" else None
-        return resolve(self.catalog, self.model_name, n_ctx, self.backend.backend())
+        return resolve.resolve(self.catalog, self.model_name, n_ctx, self.backend.backend())
 
     def _start(self) -> None:
         assert self.conversation is not None and self.model_name is not None
-        history = [{"role": m.role, "content": m.content}
-                   for m in self.conversation.messages if not m.error]
+        history = tuple(Message(m.role, m.content)
+                        for m in self.conversation.messages if not m.error)
         try:
             spec = self._spec()
+            sampling = resolve.sampling(self.catalog, self.model_name)
         except StudioError as exc:
             self._append_answer("", error=exc.message)
+            self._render()
             return
         self._render()
         self._stream_text = ""
@@ -320,17 +334,37 @@ class ChatView(QWidget):
         cursor.movePosition(cursor.MoveOperation.End)
         self._stream_start = cursor.position()
         self._started = time.perf_counter()
-        self.request_id = self.client.generate({
-            "spec": spec.to_dict(), "prompt": {"messages": history, "chat": True},
-            "sampling": spec.sampling.to_dict()})
+        reply = self.client.submit(Generate(spec, Prompt(messages=history, chat=True),
+                                            sampling))
+        reply.tokens.connect(self._on_tokens)
+        reply.finished.connect(self._on_finished)
+        reply.failed.connect(self._on_failed)
+        reply.cancelled.connect(self._on_cancelled)
+        self.reply = reply
         self.status.setText("generating…")
         self._render_stream()
         self._update_buttons()
         self.busyChanged.emit(True)
 
     def stop(self) -> None:
-        if self.request_id:
-            self.client.stop(self.request_id)
+        if self.reply is not None:
+            self.reply.stop()
+
+    def _abandon(self) -> None:
+        """The user moves on while an answer is generated: stop it, and keep what came
+        so far, marked stopped, in the conversation it was asked in."""
+        reply = self.reply
+        if reply is None:
+            return
+        for signal, slot in ((reply.tokens, self._on_tokens),
+                             (reply.finished, self._on_finished),
+                             (reply.failed, self._on_failed),
+                             (reply.cancelled, self._on_cancelled)):
+            signal.disconnect(slot)
+        reply.stop()
+        self._append_answer(self._stream_text, error="stopped")
+        self.status.setText("stopped")
+        self._finish()
 
     def _render_stream(self) -> None:
         cursor = self.transcript.textCursor()
@@ -342,16 +376,15 @@ class ChatView(QWidget):
         bar = self.transcript.verticalScrollBar()
         bar.setValue(bar.maximum())
 
-    def _on_tokens(self, request_id: str, _side: str, text: str, _tokens: list) -> None:
-        if request_id != self.request_id:
-            return
+    @Slot(str, str, list)
+    def _on_tokens(self, _side: str, text: str, _tokens: list) -> None:
         self._stream_text += text
         self._render_stream()
         elapsed = time.perf_counter() - self._started
         self.status.setText(f"generating… {len(self._stream_text)} chars, {elapsed:.1f} s")
 
     def _finish(self) -> None:
-        self.request_id = None
+        self.reply = None
         self.busyChanged.emit(False)
         self._render()
 
@@ -367,9 +400,8 @@ class ChatView(QWidget):
             (*self.conversation.messages, message))
         self._save()
 
-    def _on_finished(self, request_id: str, result: Any) -> None:
-        if request_id != self.request_id:
-            return
+    @Slot(object)
+    def _on_finished(self, result: Any) -> None:
         self._append_answer(result["text"], result=result)
         self.status.setText(f"{result['name']} · {LABELS.get(result['backend'], '?')} · "
                             f"{result['identity'][:12]} · "
@@ -378,16 +410,14 @@ class ChatView(QWidget):
         self._finish()
         self.answered.emit()
 
-    def _on_cancelled(self, request_id: str) -> None:
-        if request_id != self.request_id:
-            return
+    @Slot()
+    def _on_cancelled(self) -> None:
         self._append_answer(self._stream_text, error="stopped")
         self.status.setText("stopped")
         self._finish()
 
-    def _on_failed(self, request_id: str, message: str, _details: list) -> None:
-        if request_id != self.request_id:
-            return
+    @Slot(str, list)
+    def _on_failed(self, message: str, _details: list) -> None:
         self._append_answer(self._stream_text, error=message)
         self.status.setText("failed")
         self._finish()

@@ -3,8 +3,14 @@
 Same prompt, same sampling settings and seed on both sides. When both finish, the
 first token where they differ is marked in both texts, each side's speed is shown,
 and the engine's adapter-effect figure (the base's tokens teacher-forced through the
-variant: mean |Δ log p| per token) is stated plainly. A small plot shows each side's
-per-token log-probability. The comparison exports as Markdown or JSON.
+variant: mean |Δ log p| per token) is stated plainly. A plot (QtCharts,
+`gui.widgets.logprob_chart`) shows each side's per-token log-probability, with the
+values on hover. The comparison exports as Markdown or JSON.
+
+A run is one `Compare` request whose `Reply` this view holds; switching the variant or
+the backend stops it and drops it, so nothing of it lands under the new labels. The
+variant list follows catalog changes (`CatalogEvents`: variants), the backend picker
+follows models and adapters (a conversion or the OpenVINO build adds a backend).
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QColor, QKeySequence, QPainter, QPainterPath, QPalette, QPen, QShortcut
+from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -33,83 +39,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.catalog import resolve
+from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
-from engine.catalog.resolve import SessionSpec, resolve
+from engine.runtime.messages import Compare, Prompt
 from gui.backend_picker import BackendPicker
-from gui.engine_client import QtEngineClient
+from gui.catalog_events import CatalogEvents, touches
+from gui.engine_client import QtEngineClient, Reply
+from gui.widgets.logprob_chart import LogprobChart
 
-BASE_COLOR = QColor("#2f6fdf")
-VARIANT_COLOR = QColor("#e0762b")
 MARK = "background-color:rgba(224,118,43,0.28)"
-
-
-class LogprobPlot(QWidget):
-    """Per-token log-probability of the chosen token, base and variant."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.base: list[float] = []
-        self.variant: list[float] = []
-        self.divergence: int | None = None
-        self.setMinimumHeight(130)
-        self.setToolTip("log-probability of each chosen token (higher = more confident); "
-                        "the dashed line marks the first divergence")
-
-    def set_data(self, base: list[float], variant: list[float], divergence: int | None) -> None:
-        self.base, self.variant, self.divergence = base, variant, divergence
-        self.update()
-
-    def paintEvent(self, _event: Any) -> None:
-        painter = QPainter(self)
-        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        rect = QRectF(self.rect()).adjusted(40, 8, -10, -22)
-        text = self.palette().color(QPalette.ColorRole.Text)
-        grid = QColor(text)
-        grid.setAlpha(60)
-        painter.setPen(QPen(grid, 1))
-        painter.drawRect(rect)
-        series = [s for s in (self.base, self.variant) if s]
-        if not series:
-            painter.setPen(text)
-            painter.drawText(rect, Qt.AlignmentFlag.AlignCenter, "run a comparison to see "
-                             "per-token log-probabilities")
-            return
-        low = min(min(s) for s in series)
-        low = min(low, -1.0)
-        n = max(len(s) for s in series)
-        painter.setPen(text)
-        painter.drawText(QRectF(0, rect.top() - 6, 38, 14), Qt.AlignmentFlag.AlignRight, "0")
-        painter.drawText(QRectF(0, rect.bottom() - 8, 38, 14), Qt.AlignmentFlag.AlignRight,
-                         f"{low:.0f}")
-        painter.drawText(QRectF(rect.left(), rect.bottom() + 4, rect.width(), 14),
-                         Qt.AlignmentFlag.AlignCenter, f"token (0–{n - 1}) · log p")
-
-        def point(i: int, value: float) -> QPointF:
-            x = rect.left() + (rect.width() * i / max(n - 1, 1))
-            y = rect.top() + rect.height() * (value / low)
-            return QPointF(x, y)
-
-        if self.divergence is not None and self.divergence < n:
-            pen = QPen(grid, 1, Qt.PenStyle.DashLine)
-            painter.setPen(pen)
-            x = point(self.divergence, 0).x()
-            painter.drawLine(QPointF(x, rect.top()), QPointF(x, rect.bottom()))
-        for values, color in ((self.base, BASE_COLOR), (self.variant, VARIANT_COLOR)):
-            if not values:
-                continue
-            path = QPainterPath(point(0, values[0]))
-            for i, value in enumerate(values[1:], start=1):
-                path.lineTo(point(i, value))
-            painter.setPen(QPen(color, 1.6))
-            painter.drawPath(path)
-        painter.setPen(BASE_COLOR)
-        # The legend sits under the plot, so it never hides a line.
-        painter.drawText(QRectF(rect.left(), rect.bottom() + 4, 80, 16),
-                         Qt.AlignmentFlag.AlignLeft, "■ base")
-        painter.setPen(VARIANT_COLOR)
-        painter.drawText(QRectF(rect.left() + 70, rect.bottom() + 4, 90, 16),
-                         Qt.AlignmentFlag.AlignLeft, "■ variant")
 
 
 class _Side:
@@ -139,12 +79,12 @@ class _Side:
 class CompareView(QWidget):
     busyChanged = Signal(bool)
 
-    def __init__(self, client: QtEngineClient, catalog: Catalog,
+    def __init__(self, client: QtEngineClient, catalog: Catalog, events: CatalogEvents,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.client = client
         self.catalog = catalog
-        self.request_id: str | None = None
+        self.reply: Reply | None = None  # the run in progress
         self.result: dict[str, Any] | None = None
         self.params: dict[str, Any] | None = None
 
@@ -205,7 +145,7 @@ class CompareView(QWidget):
         self.summary = QLabel("")
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.plot = LogprobPlot()
+        self.plot = LogprobChart()
         bottom = QHBoxLayout()
         bottom.addWidget(self.summary, 1)
         bottom.addWidget(self.export_md)
@@ -219,13 +159,16 @@ class CompareView(QWidget):
         layout.addLayout(bottom)
         layout.addWidget(self.plot)
 
-        client.tokens.connect(self._on_tokens)
-        client.finished.connect(self._on_finished)
-        client.failed.connect(self._on_failed)
-        client.cancelled.connect(self._on_cancelled)
-        self._update_buttons()
+        events.catalogChanged.connect(self._catalog_changed)
+        self.set_variants(self._catalog_variants())
 
     # ---------------------------------------------------------------- variants
+
+    def _catalog_variants(self) -> list[str]:
+        try:
+            return sorted(self.catalog.data()["variants"], key=str.lower)
+        except StudioError:
+            return []
 
     def set_variants(self, names: list[str], current: str | None = None) -> None:
         before = self.variant.currentText()
@@ -236,10 +179,29 @@ class CompareView(QWidget):
         if keep in names:
             self.variant.setCurrentText(keep)
         self.variant.blockSignals(False)
-        self.backend.set_target(self.catalog, self.variant.currentText() or None)
         if self.variant.currentText() != before:
+            self.backend.set_target(self.catalog, self.variant.currentText() or None)
             self._choice_changed()
+        else:
+            self._retarget_backend()
         self._update_buttons()
+
+    def _catalog_changed(self, kinds: list[str], names: list[str]) -> None:
+        if "variant" in kinds:
+            shown = self.variant.currentText()
+            self.set_variants(self._catalog_variants())
+            if shown and shown in names and self.variant.currentText() == shown:
+                self._choice_changed()  # edited: its identity (the titles) changed
+        elif touches(kinds, ("model", "adapter")):
+            self._retarget_backend()
+
+    def _retarget_backend(self) -> None:
+        """Which backends serve the variant may have changed (a conversion, a build,
+        an edit): list them again, keeping the chosen one while it can still serve."""
+        chosen = self.backend.backend()
+        self.backend.set_target(self.catalog, self.variant.currentText() or None)
+        if chosen is not None and not self.backend.choose(chosen):
+            self._choice_changed()  # the backend of the shown labels is gone
 
     def _variant_changed(self, name: str) -> None:
         self.backend.set_target(self.catalog, name or None)
@@ -249,18 +211,17 @@ class CompareView(QWidget):
         """Another variant (or backend) is chosen: the sides say what the next run
         compares, and texts of the previous choice are not left under its labels."""
         shown = bool(self.result or self.base_side.text or self.variant_side.text)
-        if self.request_id:
-            # A run of the previous choice: stop it and ignore whatever it still
-            # delivers, which would otherwise land under the new choice's labels.
-            self.stop()
-            self.request_id = None
+        if self.reply is not None:
+            # A run of the previous choice: stop it and drop it, so nothing it still
+            # delivers lands under the new choice's labels.
+            self._drop_reply().stop()
             self.busyChanged.emit(False)
         name = self.variant.currentText()
         base_title, variant_title = "Base", "Variant"
         if name:
             try:
                 base_title, variant_title = self._titles(
-                    name, resolve(self.catalog, name, backend=self.backend.backend()))
+                    name, resolve.resolve(self.catalog, name, backend=self.backend.backend()))
             except StudioError as exc:
                 variant_title = (f"<b>Variant</b> · {html.escape(name)} · <span "
                                  f"style='color:#d23c3c'>{html.escape(exc.message)}</span>")
@@ -289,53 +250,77 @@ class CompareView(QWidget):
     def run(self) -> None:
         name = self.variant.currentText()
         prompt = self.prompt.toPlainText().strip()
-        if not name or not prompt or self.request_id:
+        if not name or not prompt or self.reply is not None:
             if not prompt:
                 self.summary.setText("Write a prompt first.")
             return
         try:
-            spec = resolve(self.catalog, name, backend=self.backend.backend())
+            spec = resolve.resolve(self.catalog, name, backend=self.backend.backend())
+            sampling = resolve.sampling(self.catalog, name,
+                                        max_tokens=self.max_tokens.value(),
+                                        temperature=self.temperature.value(),
+                                        seed=self.seed.value())
         except StudioError as exc:
             self.summary.setText(f"<span style='color:#d23c3c'>{html.escape(exc.message)}"
                                  "</span>")
             return
-        sampling = spec.sampling.to_dict() | {
-            "max_tokens": self.max_tokens.value(), "temperature": self.temperature.value(),
-            "seed": self.seed.value()}
-        self.params = {"spec": spec.to_dict(), "prompt": {"text": prompt,
-                                                          "chat": self.chat.isChecked()},
-                       "sampling": sampling}
+        chat = self.chat.isChecked()
+        # What the exports say was asked: the prompt and every sampling setting.
+        self.params = {"prompt": {"text": prompt, "chat": chat},
+                       "sampling": sampling.to_dict()}
         base_title, variant_title = self._titles(name, spec)
         self.base_side.reset(base_title)
         self.variant_side.reset(variant_title)
         self.result = None
         self.plot.set_data([], [], None)
         self.summary.setText("running both sides…")
-        self.request_id = self.client.compare(self.params)
+        reply = self.client.submit(Compare(spec, Prompt(text=prompt, chat=chat), sampling))
+        reply.tokens.connect(self._on_tokens)
+        reply.finished.connect(self._on_finished)
+        reply.failed.connect(self._on_failed)
+        reply.cancelled.connect(self._on_cancelled)
+        self.reply = reply
         self._update_buttons()
         self.busyChanged.emit(True)
 
     def stop(self) -> None:
-        if self.request_id:
-            self.client.stop(self.request_id)
+        if self.reply is not None:
+            self.reply.stop()
+
+    def _drop_reply(self) -> Reply:
+        """Stop listening to the current run (it is no longer this view's business)."""
+        reply = self.reply
+        assert reply is not None
+        for signal, slot in ((reply.tokens, self._on_tokens),
+                             (reply.finished, self._on_finished),
+                             (reply.failed, self._on_failed),
+                             (reply.cancelled, self._on_cancelled)):
+            signal.disconnect(slot)
+        self.reply = None
+        return reply
 
     def _side(self, name: str) -> _Side | None:
         return {"base": self.base_side, "variant": self.variant_side}.get(name)
 
-    def _on_tokens(self, request_id: str, side: str, text: str, tokens: list) -> None:
+    def _token_texts(self) -> dict[str, list[str]]:
+        """Each side's token texts, for the plot's hover."""
+        return {"base": [t[2] for t in self.base_side.tokens],
+                "variant": [t[2] for t in self.variant_side.tokens]}
+
+    @Slot(str, str, list)
+    def _on_tokens(self, side: str, text: str, tokens: list) -> None:
         target = self._side(side)
-        if request_id != self.request_id or target is None:
+        if target is None:
             return
         target.tokens.extend(tokens)
         target.text += text
         target.render()
         self.plot.set_data([t[1] for t in self.base_side.tokens],
-                           [t[1] for t in self.variant_side.tokens], None)
+                           [t[1] for t in self.variant_side.tokens], None, self._token_texts())
 
-    def _on_finished(self, request_id: str, result: Any) -> None:
-        if request_id != self.request_id:
-            return
-        self.request_id = None
+    @Slot(object)
+    def _on_finished(self, result: Any) -> None:
+        self._drop_reply()
         self.result = result
         div = result["first_divergence"]
         for side in (self.base_side, self.variant_side):
@@ -347,29 +332,28 @@ class CompareView(QWidget):
                                      f" · {base['tokens_per_second']:.1f} tok/s")
         self.variant_side.title.setText(self.variant_side.title.text() +
                                         f" · {variant['tokens_per_second']:.1f} tok/s")
-        self.plot.set_data(base["logprobs"], variant["logprobs"], div)
+        # The final figures: the engine's log-probabilities, whole.
+        self.plot.set_data(base["logprobs"], variant["logprobs"], div, self._token_texts())
         self.summary.setText(summary_text(result))
         self._update_buttons()
         self.busyChanged.emit(False)
 
-    def _on_failed(self, request_id: str, message: str, _details: list) -> None:
-        if request_id != self.request_id:
-            return
-        self.request_id = None
+    @Slot(str, list)
+    def _on_failed(self, message: str, _details: list) -> None:
+        self._drop_reply()
         self.summary.setText(f"<span style='color:#d23c3c'>{html.escape(message)}</span>")
         self._update_buttons()
         self.busyChanged.emit(False)
 
-    def _on_cancelled(self, request_id: str) -> None:
-        if request_id != self.request_id:
-            return
-        self.request_id = None
+    @Slot()
+    def _on_cancelled(self) -> None:
+        self._drop_reply()
         self.summary.setText("stopped")
         self._update_buttons()
         self.busyChanged.emit(False)
 
     def _update_buttons(self) -> None:
-        busy = self.request_id is not None
+        busy = self.reply is not None
         self.run_button.setEnabled(not busy and self.variant.count() > 0)
         self.stop_button.setEnabled(busy)
         self.export_md.setEnabled(self.result is not None)

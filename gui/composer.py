@@ -2,7 +2,7 @@
 
 Scales are edited with a slider and a spin box kept in step and range-checked; the
 identity key preview updates live, so the user sees that order and scale make a
-different model before saving.
+different model before saving. Saving announces the variant (`CatalogEvents`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog import validation
-from engine.catalog.store import DEFAULT_PROFILE, AdapterSpec, Catalog
+from engine.catalog import resolve, validation
+from engine.catalog.profiles import DEFAULT_PROFILE
+from engine.catalog.store import AdapterSpec, Catalog
 from engine.errors import StudioError
-from engine.catalog import resolve
+from gui.catalog_events import CatalogEvents
 
 SLIDER_STEPS = 100  # slider units per 1.0 of scale
 
@@ -86,11 +87,12 @@ class AdapterRow(QWidget):
 class ComposerDialog(QDialog):
     """Create or edit a variant. `saved_name` holds the result after accept()."""
 
-    def __init__(self, catalog: Catalog, editing: str | None = None,
+    def __init__(self, catalog: Catalog, events: CatalogEvents, editing: str | None = None,
                  duplicate_of: str | None = None, adapter: str | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.catalog = catalog
+        self.events = events
         self.editing = editing
         self.saved_name: str | None = None
         self.setWindowTitle("Edit variant" if editing else "Compose a variant")
@@ -223,8 +225,8 @@ class ComposerDialog(QDialog):
 
     def _preview(self) -> None:
         try:
-            ident = resolve.identity_of_parts(self.catalog, self.base.currentText(), self.specs(),
-                                                   self.n_ctx.value())
+            ident = resolve.identity_of_parts(self.catalog, self.base.currentText(),
+                                              self.specs(), self.n_ctx.value())
             self.identity.setText(f"Identity key: <code>{ident.key}</code>")
             problem = self._problem()
         except StudioError as exc:
@@ -256,6 +258,7 @@ class ComposerDialog(QDialog):
             self.error.setText(html.escape(exc.message))
             return
         self.saved_name = name
+        self.events.changed(["variant"], [name])
         self.accept()
 
 

@@ -1,6 +1,6 @@
 """The detail pane: provenance, compatibility checks, identity and parts of an entry.
 
-Everything shown comes from `engine.entries.show_entry` (the same data `show --json`
+Everything shown comes from `engine.catalog.entries.show_entry` (the same data `show --json`
 prints), escaped for display: artifact metadata is untrusted text.
 """
 

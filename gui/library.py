@@ -5,7 +5,7 @@ one row per entry) with badges for backend, curated or user-provided, and proble
 (a base whose file changed, an adapter that no longer validates). The view filters it
 through a proxy for search; widgets never hold catalog data themselves. Entries whose
 check would read whole files are shown "unchecked" until the window's background
-check has read them (see MainWindow.refresh).
+check has read them (see gui.controllers.library_check).
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog import health
-from engine.catalog import store as catalog_mod
-from engine.curated import openvino_default
+from engine.catalog import health, resolve
 from engine.catalog.store import Catalog
+from engine.curated import setup
 from engine.errors import StudioError
-from engine.catalog import resolve
 
 SECTIONS = (("models", "Base models"), ("adapters", "Adapters"), ("variants", "Variants"))
 NameRole = Qt.ItemDataRole.UserRole + 1
@@ -81,8 +79,8 @@ def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
             badged(record["name"], [BACKEND_LABELS.get(record["backend"], record["backend"]),
                                     "curated" if record["curated"] else "user"]),
             "; ".join(problems.get(record["name"], [])) or None))
-    pending = openvino_default.pending_entry(catalog)
-    if pending is not None:  # listed before its first use, like `variant-studio list`
+    for pending in setup.pending_entries(catalog):
+        # Listed before its first use, like `variant-studio list` (the OpenVINO default).
         out["models"].append(Entry(pending["name"], "model", pending["summary"],
                                    (BACKEND_LABELS["openvino"], "curated", "not built"), None))
     for record in data["adapters"].values():

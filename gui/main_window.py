@@ -1,12 +1,16 @@
-"""The main window: library sidebar, detail / chat / compare tabs, status bar, banner.
+"""The main window: library sidebar, detail / chat / compare / train tabs, status bar,
+banner.
 
-The window owns one QtEngineClient (the only bridge to the engine process) and a
-Catalog. Every catalog change goes through the engine package and is followed by a
-library refresh; the engine never runs on the GUI thread, so nothing freezes.
-Nothing that reads a whole file runs on the GUI thread either: adding a base model
-(hashing it) runs in a `Task` with a progress dialog and Cancel, and a refresh only
-re-checks what the caches answer at once; the entries whose files are new or changed
-on disk are badged "unchecked" and checked in the background.
+The window owns one QtEngineClient (the only bridge to the engine process), the
+Catalog of the GUI thread and the `CatalogEvents` that every view, dialog and
+controller shares. Every catalog change goes through the engine package and is
+announced there (`catalogChanged(kinds, names)`); the window reloads the library for
+changes of models, adapters and variants, and each view refreshes itself for the kinds
+it shows. The engine never runs on the GUI thread, so nothing freezes. Nothing that
+reads a whole file runs on the GUI thread either: adding a base model (hashing it) and
+converting an adapter run in a `Task` with its own Catalog; the long flows live in
+controllers (`gui.controllers`): the background check of entries whose files are new
+or changed on disk, the OpenVINO build, and training.
 """
 
 from __future__ import annotations
@@ -33,17 +37,19 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog import health
-from engine.catalog import store as catalog_mod
-from engine.curated import openvino_default
-from engine.state import paths, settings, statefile
+from engine.catalog import entries, health, imports
 from engine.catalog.store import Catalog
-from engine.catalog.entries import show_entry
+from engine.curated import setup
 from engine.errors import StudioError
-from gui import theme
+from engine.state import paths, settings, statefile
+from gui import notify, theme
+from gui.catalog_events import CATALOG_KINDS, CatalogEvents, touches
 from gui.chat import ChatView
 from gui.compare import CompareView
 from gui.composer import ComposerDialog
+from gui.controllers.library_check import LibraryCheck
+from gui.controllers.openvino_build import OpenVinoBuild
+from gui.controllers.training import TrainingController
 from gui.detail import DetailPane
 from gui.engine_client import QtEngineClient
 from gui.library import LibraryView, snapshot
@@ -51,8 +57,6 @@ from gui.settings_dialog import SettingsDialog
 from gui.tasks import Task
 from gui.train_page import TrainPage
 from gui.wizard import ImportDialog
-from engine.curated import setup
-from engine.catalog import imports
 
 
 class Banner(QFrame):
@@ -97,20 +101,22 @@ class MainWindow(QMainWindow):
         setup.first_run(self.catalog, with_demo=True)
         # The client reads the settings (threads) each time it starts an engine.
         self.client = client or QtEngineClient(self)
+        self.events = CatalogEvents(self)
         self.window_state = QSettings(str(paths.data_dir() / "window.ini"),
                                       QSettings.Format.IniFormat)
         self.theme = str(self.window_state.value("theme", "system"))
-        self._tasks: list[Task] = []
-        self._checking: set[str] = set()  # entries whose files are not checked yet
-        self._check: Task | None = None  # the background check of those
+        self._tasks: list[Task] = []  # adding a model, converting an adapter
         self._describe_when_stopped = False
         self.model_progress: QProgressDialog | None = None
 
+        self.library_check = LibraryCheck(self.catalog, self)
+        self.openvino = OpenVinoBuild(self.client, self.catalog, self.events, self)
+        self.training = TrainingController(self.catalog, self.events, parent=self)
         self.library = LibraryView()
         self.detail = DetailPane()
-        self.chat = ChatView(self.client, self.catalog)
-        self.compare = CompareView(self.client, self.catalog)
-        self.train = TrainPage(self.catalog)
+        self.chat = ChatView(self.client, self.catalog, self.events)
+        self.compare = CompareView(self.client, self.catalog, self.events)
+        self.train = TrainPage(self.training)
         self.tabs = QTabWidget()
         self.tabs.addTab(self.detail, "Details")
         self.tabs.addTab(self.chat, "Chat")
@@ -161,11 +167,14 @@ class MainWindow(QMainWindow):
         self.detail.defaultRequested.connect(self.set_default)
         self.chat.answered.connect(self.client.describe)
         self.compare.busyChanged.connect(lambda busy: None if busy else self.client.describe())
-        self.train.variantCreated.connect(self._trained)
-        self.train.catalogChanged.connect(self.refresh)
+        self.events.catalogChanged.connect(self._catalog_changed)
+        self.library_check.status.connect(self._show_check)
+        self.library_check.checked.connect(self._checked)
+        self.openvino.message.connect(self.statusBar().showMessage)
+        self.training.variantCreated.connect(self._trained)
         self.client.stateChanged.connect(self._engine_state)
         self.client.described.connect(self._described)
-        self.client.failed.connect(self._request_failed)
+        self.client.requestFailed.connect(self._request_failed)
 
         self._make_actions()
         self.refresh()
@@ -189,16 +198,18 @@ class MainWindow(QMainWindow):
 
         self.act_import = action("Import adapter…", "Ctrl+I", lambda: self.import_adapter(),
                                  "Import a GGUF or PEFT LoRA adapter")
-        self.act_model = action("Add base model…", None, self.add_model)
+        # Through a lambda: `triggered` passes its `checked` flag, which is no path.
+        self.act_model = action("Add base model…", None, lambda: self.add_model(),
+                                "Add a GGUF base model")
         self.act_variant = action("New variant…", "Ctrl+Shift+N", lambda: self.compose())
         self.act_new_chat = action("New chat", "Ctrl+N", self._new_chat)
         self.act_stop = action("Stop", "Esc", self.stop_current, "Stop generating")
         self.act_compare = action("Compare with base", "Ctrl+K", self._compare_current)
-        self.act_search = action("Search library", "Ctrl+F", self.library.search.setFocus)
+        self.act_search = action("Search library", "Ctrl+F", lambda: self.library.search.setFocus())
         self.act_settings = action("Settings…", "Ctrl+,", self.open_settings)
         self.act_restart = action("Restart engine", None, self.restart_engine)
         self.act_openvino = action("Build the OpenVINO default model…", None,
-                                   self.build_openvino_default,
+                                   lambda: self.build_openvino_default(),
                                    "Make the embedded model servable by OpenVINO")
         self.act_quit = action("Quit", "Ctrl+Q", self.close)
         menu = self.menuBar()
@@ -222,98 +233,65 @@ class MainWindow(QMainWindow):
 
     # ---------------------------------------------------------------- library
 
+    def _catalog_changed(self, kinds: list[str], _names: list[str]) -> None:
+        if touches(kinds, CATALOG_KINDS):
+            self.refresh()
+        elif "default" in kinds:  # the detail pane's "Default model ✓"
+            current = self.library.current()
+            if current:
+                self._selected(*current)
+
     def refresh(self) -> None:
         """Reload the library. What the caches cannot answer (a file that is new or
         changed on disk: hashing it again, perhaps gigabytes) is checked in the
-        background; until then those entries are badged "unchecked"."""
-        if self._check is not None:
-            self._check.cancel()  # this refresh checks again; the old result is stale
-            self._check = None
+        background (`LibraryCheck`); until then those entries are badged "unchecked"."""
+        self.library_check.supersede()  # this refresh checks again: the old result is stale
         try:
-            self._checking = health.unchecked(self.catalog)
-            entries = snapshot(self.catalog, checking=self._checking)
+            checking = health.unchecked(self.catalog)
+            loaded = snapshot(self.catalog, checking=checking)
         except StudioError as exc:
             self.statusBar().showMessage(exc.message, 10000)
             return
+        self.library_check.checking = checking
+        self._load_library(loaded)
+        self.library_check.start(checking)
+
+    def _load_library(self, loaded: dict[str, Any]) -> None:
         shown = self.library.current()
-        self.library.load(entries)
-        self.compare.set_variants(self.library.model.names("variant"))
-        self.chat.catalog_changed()
-        self.train.refresh()
+        self.library.load(loaded)
         current = self.library.current()
         if current:
             self._selected(*current)
         elif shown:  # the entry on show was removed: show another, not a stale one
             self._select_first()
-        if self._checking:
-            self._start_check()
-        else:
-            self._show_check(None)
 
-    def _start_check(self) -> Task:
-        # The worker gets its own Catalog (same file): no memo shared across threads.
-        worker = Catalog(self.catalog.state)
-
-        def work(progress: Any, cancelled: Any) -> dict[str, list[str]]:
-            health.check_files(worker, progress, cancelled)
-            return health.status_of_records(worker)
-
-        task = Task(work, self)
-        self._check = task
-        count = len(self._checking)
-        self._show_check(f"checking {count} entr{'y' if count == 1 else 'ies'} "
-                         "(files new or changed on disk)…", "Stop")
-        task.progress.connect(lambda done, _total: task is self._check and self._show_check(
-            f"checking {count} entr{'y' if count == 1 else 'ies'}… {done / 10:.0f} %",
-            "Stop"))
-        task.succeeded.connect(lambda problems: self._checked(task, problems))
-        task.failed.connect(lambda message: task is self._check and self._check_ended(
-            f"check failed: {message}"))
-        task.cancelled.connect(lambda: task is self._check and self._check_ended(
-            f"check stopped: {len(self._checking)} entries unchecked"))
-        task.start()
-        return task
-
-    def _checked(self, task: Task, problems: dict[str, list[str]]) -> None:
-        if task is not self._check:
-            return  # a newer refresh replaced it
-        self._check = None
+    def _checked(self, problems: dict[str, list[str]]) -> None:
+        """The background check ended: show what it found."""
         try:
             # Whatever changed again while it ran stays unchecked (no endless loop).
-            self._checking = health.unchecked(self.catalog)
-            entries = snapshot(self.catalog, problems, self._checking)
+            left = health.unchecked(self.catalog)
+            loaded = snapshot(self.catalog, problems, left)
         except StudioError as exc:
-            self._check_ended(exc.message)
+            self._show_check(exc.message, "Check now")
             return
-        self.library.load(entries)
-        current = self.library.current()
-        if current:
-            self._selected(*current)
-        if self._checking:
-            self._check_ended(f"{len(self._checking)} entries changed while they were "
-                              "checked")
-        else:
-            self._show_check(None)
+        self.library_check.report_left(left)
+        self._load_library(loaded)
 
-    def _check_ended(self, message: str) -> None:
-        self._check = None
-        self._show_check(message, "Check now")
-
-    def _show_check(self, text: str | None, button: str = "") -> None:
-        self.check_label.setVisible(text is not None)
-        self.check_button.setVisible(text is not None)
-        self.check_label.setText(text or "")
+    def _show_check(self, text: str, button: str = "") -> None:
+        self.check_label.setVisible(bool(text))
+        self.check_button.setVisible(bool(text))
+        self.check_label.setText(text)
         self.check_button.setText(button)
 
     def _check_button_clicked(self) -> None:
-        if self._check is not None:
-            self._check.cancel()
+        if self.library_check.running():
+            self.library_check.cancel()
         else:
             self.refresh()
 
     def _selected(self, kind: str, name: str) -> None:
         built = True  # False only for the OpenVINO default before its first use
-        if name in self._checking:
+        if name in self.library_check.checking:
             # Its check would read whole files here on the GUI thread: wait for the
             # background check, which selects it again when it is done.
             self.detail.show_entry(None)
@@ -322,7 +300,8 @@ class MainWindow(QMainWindow):
                 "files in the background (new or changed on disk)…</p>")
         else:
             try:
-                entry = show_entry(self.catalog, name)
+                entry = entries.show_entry(self.catalog, name,
+                                           setup.pending_entries(self.catalog))
             except StudioError as exc:
                 self.statusBar().showMessage(exc.message, 10000)
                 return
@@ -339,7 +318,7 @@ class MainWindow(QMainWindow):
     # ---------------------------------------------------------------- commands
 
     def import_adapter(self, path: str | None = None) -> ImportDialog:
-        dialog = ImportDialog(self.catalog, path, self)
+        dialog = ImportDialog(self.catalog, self.events, path, self)
         dialog.finished.connect(lambda _code: self._imported(dialog))
         dialog.open()
         return dialog
@@ -347,7 +326,7 @@ class MainWindow(QMainWindow):
     def _imported(self, dialog: ImportDialog) -> None:
         if not dialog.result_names:
             return
-        self.refresh()
+        # The wizard announced the entries (the library has them): show the new one.
         self.select(dialog.result_names.get("variant") or dialog.result_names["adapter"])
         self.statusBar().showMessage(f"imported {dialog.result_names['adapter']}", 8000)
 
@@ -360,7 +339,10 @@ class MainWindow(QMainWindow):
         if not path:
             return None
         file = Path(path)
-        name = "".join(c if c.isalnum() or c in "._-" else "-" for c in file.stem)[:64]
+        data = self.catalog.data()
+        taken = {n for kind in ("models", "adapters", "variants") for n in data[kind]}
+        # The wizard's naming rule: ASCII, valid, not taken ("modèle.gguf" -> "modele").
+        name = paths.suggest_name(file.stem, taken, fallback="model")
         backend = settings.load().default_backend
         dialog = QProgressDialog(f"Reading and hashing {file.name}…", "Cancel", 0, 1000, self)
         dialog.setWindowTitle("Add base model")
@@ -368,13 +350,13 @@ class MainWindow(QMainWindow):
         dialog.setMinimumDuration(0)
         dialog.setAutoClose(False)
         dialog.setAutoReset(False)
-        task = Task(lambda progress, cancelled: imports.add_model(self.catalog, 
-            name, file, backend, progress=progress, cancelled=cancelled), self)
+        worker = Catalog(self.catalog.state)  # its own: no memo shared across threads
+        task = Task(lambda progress, cancelled: imports.add_model(
+            worker, name, file, backend, progress=progress, cancelled=cancelled), self)
         task.progress.connect(lambda done, _total: dialog.setValue(done))
         dialog.canceled.connect(task.cancel)
         task.succeeded.connect(lambda _record: self._model_added(name))
-        task.failed.connect(lambda message: QMessageBox.warning(self, "Model not added",
-                                                                message))
+        task.failed.connect(lambda message: notify.warn(self, "Model not added", message))
         task.cancelled.connect(lambda: self._model_cancelled(name))
 
         def ended() -> None:
@@ -391,7 +373,7 @@ class MainWindow(QMainWindow):
         return task
 
     def _model_added(self, name: str) -> None:
-        self.refresh()
+        self.events.changed(["model"], [name])
         self.select(name)
         self.statusBar().showMessage(f"added base model {name}", 8000)
 
@@ -404,18 +386,17 @@ class MainWindow(QMainWindow):
 
     def compose(self, editing: str | None = None, duplicate_of: str | None = None,
                 adapter: str | None = None) -> ComposerDialog:
-        dialog = ComposerDialog(self.catalog, editing, duplicate_of, adapter, self)
+        dialog = ComposerDialog(self.catalog, self.events, editing, duplicate_of, adapter,
+                                self)
         dialog.finished.connect(lambda _code: self._composed(dialog))
         dialog.open()
         return dialog
 
     def _composed(self, dialog: ComposerDialog) -> None:
-        if dialog.saved_name:
-            self.refresh()
+        if dialog.saved_name:  # announced by the composer: the library has it
             self.select(dialog.saved_name)
 
     def _trained(self, name: str) -> None:
-        self.refresh()
         self.select(name)
         self.statusBar().showMessage(f"trained variant {name} is ready", 10000)
 
@@ -423,32 +404,36 @@ class MainWindow(QMainWindow):
         """Give an adapter a file for the other backend (GGUF <-> PEFT), in the background."""
         record = self.catalog.adapter(name)
         backend = "openvino" if record["backend"] == "llama" else "llama"
-        task = Task(lambda progress, _cancelled: imports.convert_adapter(self.catalog, 
-            name, backend, progress=progress), self)
-        task.succeeded.connect(lambda _r: (self.refresh(), self.statusBar().showMessage(
-            f"{name} now has a {backend} file", 8000)))
-        task.failed.connect(lambda message: QMessageBox.warning(
-            self, "Not converted", message))
-        task.start()
-        self._tasks.append(task)
+        worker = Catalog(self.catalog.state)
+        task = Task(lambda progress, cancelled: imports.convert_adapter(
+            worker, name, backend, progress=progress, cancelled=cancelled), self)
+        task.succeeded.connect(lambda _r: self._converted(name, backend))
+        task.failed.connect(lambda message: notify.warn(self, "Not converted", message))
         task.done.connect(lambda: self._tasks.remove(task))
+        self._tasks.append(task)
+        task.start()
         return task
+
+    def _converted(self, name: str, backend: str) -> None:
+        self.events.changed(["adapter"], [name])
+        self.statusBar().showMessage(f"{name} now has a {backend} file", 8000)
 
     def remove_entry(self, name: str) -> None:
         answer = QMessageBox.question(self, "Remove", f"Remove {name} from the catalog?")
         if answer != QMessageBox.StandardButton.Yes:
             return
         try:
+            kind, _record = self.catalog.find(name)
             self.catalog.remove(name)
         except StudioError as exc:
             QMessageBox.warning(self, "Not removed", exc.message)
             return
-        self.refresh()
+        self.events.changed([kind], [name])
 
     def set_default(self, name: str) -> None:
         settings.update(default_model=name)
         self.statusBar().showMessage(f"{name} is now the default model", 6000)
-        self._selected(*(self.library.current() or ("", name)))
+        self.events.changed(["default"], [name])
 
     def open_chat(self, name: str) -> None:
         self.library.select(name)  # the sidebar always shows what the tabs are about
@@ -488,53 +473,7 @@ class MainWindow(QMainWindow):
 
     def build_openvino_default(self) -> None:
         """Build the curated OpenVINO twin of the embedded model (about 30 s, once)."""
-        if openvino_default.is_registered(self.catalog):
-            self.statusBar().showMessage("the OpenVINO default model is already built", 6000)
-            return
-        request = self.client.submit("build_openvino_default", {})
-        dialog = QProgressDialog("Building the OpenVINO default model from the embedded "
-                                 "GGUF…", "Cancel", 0, 1000, self)
-        dialog.setWindowTitle("OpenVINO default model")
-        dialog.setMinimumDuration(0)
-        dialog.canceled.connect(lambda: self.client.stop(request))
-
-        def progress(request_id: str, event: dict) -> None:
-            if request_id == request:
-                dialog.setLabelText(str(event.get("stage", "")))
-                dialog.setValue(int(float(event.get("fraction", 0.0)) * 999))
-
-        def finished(request_id: str, result: Any) -> None:
-            if request_id != request:
-                return
-            disconnect()
-            try:
-                openvino_default.ensure_default(self.catalog, builder=lambda _p: result)
-            except StudioError as exc:
-                QMessageBox.warning(self, "OpenVINO default", exc.message)
-            self.refresh()
-            self.statusBar().showMessage("OpenVINO default model ready: variants of the "
-                                         "embedded model can now be served by OpenVINO",
-                                         10000)
-
-        def ended(request_id: str, *details: Any) -> None:
-            if request_id != request:
-                return
-            disconnect()
-            if details:
-                QMessageBox.warning(self, "OpenVINO default", str(details[0]))
-
-        def disconnect() -> None:
-            dialog.reset()
-            self.client.progress.disconnect(progress)
-            self.client.finished.disconnect(finished)
-            self.client.failed.disconnect(ended)
-            self.client.cancelled.disconnect(ended)
-
-        self.client.progress.connect(progress)
-        self.client.finished.connect(finished)
-        self.client.failed.connect(ended)
-        self.client.cancelled.connect(ended)
-        self._openvino_dialog = dialog
+        self.openvino.start()
 
     def restart_engine(self) -> None:
         """A fresh engine process, started with the settings as they are now."""
@@ -580,7 +519,7 @@ class MainWindow(QMainWindow):
         self.threads_label.setText(f"{threads} thread{'' if threads == 1 else 's'}"
                                    if threads else "")
 
-    def _request_failed(self, _request_id: str, message: str, _details: list) -> None:
+    def _request_failed(self, _op: str, message: str) -> None:
         self.statusBar().showMessage(message, 15000)
 
     # ---------------------------------------------------------------- drag and drop
@@ -631,18 +570,15 @@ class MainWindow(QMainWindow):
         self.window_state.sync()
 
     def closeEvent(self, event: QCloseEvent) -> None:
-        if self.train.busy():
-            answer = QMessageBox.question(
-                self, "Training in progress",
-                "A training run is in progress. Stop it and quit? (Its last checkpoint is "
-                "kept and can be resumed.)")
-            if answer != QMessageBox.StandardButton.Yes:
-                event.ignore()
-                return
+        if not self.training.confirm_close(self):
+            event.ignore()
+            return
         self.save_state()
         self.stop_current()
-        if self._check is not None:
-            self._check.cancel()
-        self.train.client.shutdown()
+        self.library_check.cancel()
+        self.openvino.stop()
+        for task in self._tasks:
+            task.cancel()
+        self.training.shutdown()
         self.client.close()
         super().closeEvent(event)

@@ -20,9 +20,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.state import paths, settings
 from engine.errors import StudioError
 from engine.formats.safeio import printable
+from engine.state import paths, settings
 
 THEMES = ("system", "light", "dark")
 

@@ -1,25 +1,23 @@
 """The Train page: pick a base and data, set the few settings that matter, start, watch
 the loss fall, cancel, and land on the new variant.
 
-Training runs in its own worker process (engine.training.client.TrainingJob); this
-page talks to it only through `TrainingClient`, a QObject that turns the worker's
-events into signals on the GUI thread. Nothing here imports torch or a native runtime.
+A view over `gui.controllers.training.TrainingController`, which starts and cancels
+the runs (in a worker process) and announces what a finished run added; the page
+shows the run's events (`controller.client`'s signals) and the loss in a QtCharts plot,
+and reloads its base and adapter choices when the catalog's models or adapters change
+(`CatalogEvents`). Nothing here imports torch or a native runtime.
 
-Mounting (for the main window): `page = TrainPage(catalog)`; add it as a tab; connect
-`page.variantCreated(str)` (select the new variant), `page.catalogChanged()` (refresh
-the library). `page.client` is the page's TrainingClient; `page.busy()` says whether a
-run is in progress (ask before closing the window; `page.client.cancel()` stops it).
+Mounting (for the main window): `page = TrainPage(controller)`; add it as a tab; the
+window listens to the controller (`variantCreated`), not to the page.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QObject, QPointF, QRectF, Qt, Signal, Slot
-from PySide6.QtGui import QColor, QPainter, QPainterPath, QPalette, QPen
+from PySide6.QtCore import Qt, Slot
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -38,167 +36,25 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.formats import naming
 from engine import training
-from engine.catalog.store import Catalog
 from engine.errors import StudioError
-from engine.runtime.protocol import error_from_payload
-from engine.training.client import TrainingJob
+from engine.formats import naming
 from engine.training.config import TrainConfig
-from engine.training.job import TrainRequest, prepare
-
-LOSS_COLOR = QColor("#e0762b")
-
-
-class TrainingClient(QObject):
-    """One training job at a time, its events as signals (delivered on the GUI thread).
-
-    Every started job ends with exactly one of `finished`, `failed` or `cancelled`.
-    """
-
-    started = Signal(str)  # adapter name
-    stage = Signal(str)
-    dataLoaded = Signal(dict)  # examples, target_tokens, kinds, sha256, ...
-    warning = Signal(str)
-    loading = Signal(float)  # fraction of the base weights loaded
-    progress = Signal(dict)  # step, steps, loss, lr, seconds, eta, ...
-    checkpoint = Signal(int, str)
-    finished = Signal(dict)  # the job's result (adapter, variant, files, provenance)
-    failed = Signal(str, list)  # message, details
-    cancelled = Signal(str)  # checkpoint path to resume from, or ""
-    _event = Signal(object)
-
-    def __init__(self, parent: QObject | None = None, env: dict[str, str] | None = None
-                 ) -> None:
-        super().__init__(parent)
-        self._env = env
-        self._job: TrainingJob | None = None
-        self._checkpoint = ""
-        self._event.connect(self._on_event)
-
-    def busy(self) -> bool:
-        return self._job is not None
-
-    def start(self, request: TrainRequest) -> None:
-        """Start `request` (already checked with `prepare`); raises if one is running."""
-        if self._job is not None:
-            raise RuntimeError("a training run is already in progress")
-        self._checkpoint = ""
-        job = TrainingJob(request, self._event.emit, self._env)
-        self._job = job
-        job.start()
-        self.started.emit(request.name)
-
-    def cancel(self) -> None:
-        if self._job is not None:
-            self._job.cancel()
-
-    def shutdown(self) -> None:
-        """Stop a running job and wait for its worker (window closing)."""
-        job = self._job
-        if job is not None:
-            job.cancel()
-            if not job.done.wait(30):
-                job.kill()
-
-    @Slot(object)
-    def _on_event(self, event: dict[str, Any]) -> None:
-        kind = event.get("event")
-        if kind == "stage":
-            self.stage.emit(str(event.get("stage", "")))
-        elif kind == "data":
-            self.dataLoaded.emit(event)
-        elif kind == "warning":
-            self.warning.emit(str(event.get("message", "")))
-        elif kind == "load":
-            self.loading.emit(float(event.get("fraction", 0.0)))
-        elif kind == "progress":
-            self.progress.emit(event)
-        elif kind == "checkpoint":
-            self._checkpoint = str(event.get("path", ""))
-            self.checkpoint.emit(int(event.get("step", 0)), self._checkpoint)
-        elif kind == "stopped":
-            self._checkpoint = str(event.get("checkpoint") or "")
-        elif kind in ("finished", "failed", "cancelled"):
-            self._job = None
-            if kind == "finished":
-                self.finished.emit(event.get("result") or {})
-            elif kind == "failed":
-                error = error_from_payload(event.get("error") or {})
-                self.failed.emit(error.message, list(error.details))
-            else:
-                self.cancelled.emit(self._checkpoint)
-
-
-class LossPlot(QWidget):
-    """The training loss per step, drawn as it arrives."""
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.points: list[tuple[int, float]] = []
-        self.steps = 0
-        self.setMinimumHeight(160)
-        self.setToolTip("training loss per step")
-
-    def reset(self, steps: int) -> None:
-        self.points, self.steps = [], steps
-        self.update()
-
-    def add(self, step: int, loss: float) -> None:
-        if math.isfinite(loss):
-            self.points.append((step, loss))
-            self.update()
-
-    def paintEvent(self, _event: Any) -> None:
-        painter = QPainter(self)
-        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
-        rect = QRectF(self.rect()).adjusted(48, 8, -10, -22)
-        text = self.palette().color(QPalette.ColorRole.Text)
-        grid = QColor(text)
-        grid.setAlpha(60)
-        painter.setPen(QPen(grid, 1))
-        painter.drawRect(rect)
-        painter.setPen(text)
-        if not self.points:
-            painter.drawText(rect, Qt.AlignmentFlag.AlignCenter,
-                             "the loss appears here while training runs")
-            return
-        values = [v for _, v in self.points]
-        high, low = max(values), min(min(values), 0.0)
-        span = (high - low) or 1.0
-        last = max(self.steps, self.points[-1][0], 2)
-        painter.drawText(QRectF(0, rect.top() - 6, 44, 14), Qt.AlignmentFlag.AlignRight,
-                         f"{high:.2f}")
-        painter.drawText(QRectF(0, rect.bottom() - 8, 44, 14), Qt.AlignmentFlag.AlignRight,
-                         f"{low:.2f}")
-        painter.drawText(QRectF(rect.left(), rect.bottom() + 4, rect.width(), 14),
-                         Qt.AlignmentFlag.AlignCenter, f"step (1–{last}) · loss")
-
-        def point(step: int, value: float) -> QPointF:
-            x = rect.left() + rect.width() * (step - 1) / max(last - 1, 1)
-            return QPointF(x, rect.bottom() - rect.height() * (value - low) / span)
-
-        path = QPainterPath(point(*self.points[0]))
-        for step, value in self.points[1:]:
-            path.lineTo(point(step, value))
-        painter.setPen(QPen(LOSS_COLOR, 1.8))
-        painter.drawPath(path)
-        painter.setBrush(LOSS_COLOR)
-        painter.drawEllipse(point(*self.points[-1]), 2.5, 2.5)
+from engine.training.job import TrainRequest
+from gui.catalog_events import touches
+from gui.controllers.training import TrainingController
+from gui.widgets.loss_chart import LossChart
 
 
 class TrainPage(QWidget):
     """Train a LoRA adapter through the GGUF file that is served."""
 
-    variantCreated = Signal(str)
-    adapterCreated = Signal(str)
-    catalogChanged = Signal()
-
-    def __init__(self, catalog: Catalog, client: TrainingClient | None = None,
-                 parent: QWidget | None = None) -> None:
+    def __init__(self, controller: TrainingController, parent: QWidget | None = None
+                 ) -> None:
         super().__init__(parent)
-        self.catalog = catalog
-        self.client = client or TrainingClient(self)
+        self.controller = controller
+        self.catalog = controller.catalog
+        self.client = controller.client
         defaults = TrainConfig()
         self.last_result: dict[str, Any] | None = None
 
@@ -292,7 +148,7 @@ class TrainPage(QWidget):
         self.warnings.setWordWrap(True)
         self.warnings.setStyleSheet("color:#b36b00")
         self.warnings.hide()
-        self.plot = LossPlot()
+        self.plot = LossChart()
 
         layout = QVBoxLayout(self)
         layout.addWidget(self.hint)
@@ -312,15 +168,21 @@ class TrainPage(QWidget):
         c.loading.connect(lambda f: self._status(f"Loading the base weights… {f:.0%}"))
         c.progress.connect(self._progress)
         c.checkpoint.connect(lambda step, _p: self._status(f"Checkpoint saved at step {step}."))
-        c.finished.connect(self._finished)
         c.failed.connect(self._failed)
         c.cancelled.connect(self._cancelled)
+        # After the controller announced the new entries (so the choices are fresh).
+        controller.trained.connect(self._finished)
+        controller.events.catalogChanged.connect(self._catalog_changed)
         self.refresh()
 
     # ---------------------------------------------------------------- state
 
     def busy(self) -> bool:
-        return self.client.busy()
+        return self.controller.busy()
+
+    def _catalog_changed(self, kinds: list[str], _names: list[str]) -> None:
+        if touches(kinds, ("model", "adapter")):  # the choices: bases, adapters to continue
+            self.refresh()
 
     def refresh(self) -> None:
         """Reload the base and adapter choices from the catalog."""
@@ -381,8 +243,7 @@ class TrainPage(QWidget):
                 raise StudioError("give the new adapter a name")
             if not self.data.text().strip():
                 raise StudioError("choose a training data file")
-            prepared = prepare(self.catalog, self.request())
-            self.client.start(prepared.request)
+            prepared = self.controller.start(self.request())
         except StudioError as exc:
             self._status(exc.message, error=True)
             return
@@ -400,7 +261,7 @@ class TrainPage(QWidget):
         if self.busy():
             self.cancel_button.setEnabled(False)
             self._status("Cancelling…")
-            self.client.cancel()
+            self.controller.cancel()
 
     # ---------------------------------------------------------------- events
 
@@ -450,12 +311,6 @@ class TrainPage(QWidget):
                      f"{record.get('loss', {}).get('first', 0):.4f} → "
                      f"{record.get('loss', {}).get('last', 0):.4f}"
                      + (f", variant {result['variant']}." if result.get("variant") else "."))
-        self.refresh()
-        self.catalogChanged.emit()
-        if result.get("adapter"):
-            self.adapterCreated.emit(result["adapter"])
-        if result.get("variant"):
-            self.variantCreated.emit(result["variant"])
 
     @Slot(str, list)
     def _failed(self, message: str, details: list) -> None:

@@ -1,15 +1,18 @@
-"""The adapter import wizard's Qt pages: thin views over engine.import_wizard.
+"""The adapter import wizard's Qt pages: thin views over engine.catalog.wizard.
 
 Navigation and every rule live in `ImportWizard` (tested without Qt); this dialog
 only shows the current step and forwards input. Everything that reads whole files
 runs on a worker thread (`gui.tasks.Task`) with progress and a cancel button: the
 inspection of a chosen file (and the re-hash of a base that changed on disk), the
-validation against the chosen base (a scan of every weight), and the import. Only
-the newest step's result is applied; `stepReady` says one has ended.
+validation against the chosen base (a scan of every weight), and the import. Each
+runs on a copy of the wizard's state with its own `Catalog` (none is shared across
+threads); only the newest step's result is applied, on the GUI thread; `stepReady`
+says one has ended. A finished import is announced (`CatalogEvents`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 from collections.abc import Callable
 from pathlib import Path
@@ -40,6 +43,7 @@ from PySide6.QtWidgets import (
 from engine.catalog.store import Catalog
 from engine.catalog.wizard import ImportWizard, Step
 from engine.formats.safeio import printable
+from gui.catalog_events import CatalogEvents
 from gui.detail import ChecksModel
 from gui.tasks import Task
 
@@ -55,9 +59,10 @@ TITLES = {
 class ImportDialog(QDialog):
     stepReady = Signal()  # a step's background work ended: applied, failed or stopped
 
-    def __init__(self, catalog: Catalog, path: str | None = None,
+    def __init__(self, catalog: Catalog, events: CatalogEvents, path: str | None = None,
                  parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.events = events
         self.setWindowTitle("Import adapter")
         self.setAcceptDrops(True)
         self.resize(680, 520)
@@ -184,9 +189,10 @@ class ImportDialog(QDialog):
             return
         self.path.setText(path)
         self._inspecting = path
+        worker = self._worker_state()
         self._run_step(f"Reading {Path(path).name}…",
-                       lambda progress, cancelled: self.state.inspect(Path(path), progress,
-                                                                      cancelled),
+                       lambda progress, cancelled: worker.inspect(Path(path), progress,
+                                                                  cancelled),
                        self.state.apply_inspection)
 
     def dragEnterEvent(self, event: QDragEnterEvent) -> None:
@@ -202,12 +208,22 @@ class ImportDialog(QDialog):
         if item is None or not item.flags() & Qt.ItemFlag.ItemIsEnabled:
             return
         name = item.data(Qt.ItemDataRole.UserRole)
+        worker = self._worker_state()
         self._run_step(f"Checking the adapter against {name} (every weight is read)…",
-                       lambda progress, cancelled: self.state.validate(name, progress,
-                                                                       cancelled),
+                       lambda progress, cancelled: worker.validate(name, progress,
+                                                                   cancelled),
                        lambda report: self.state.apply_report(name, report))
 
     # ---------------------------------------------------------------- step work
+
+    def _worker_state(self) -> ImportWizard:
+        """A copy of the wizard for a worker thread, with a Catalog of its own.
+
+        `inspect`, `validate` and `finish` only read the wizard's fields; the copy is
+        taken on the GUI thread, so the worker sees the state of the moment it began.
+        """
+        return dataclasses.replace(self.state, catalog=Catalog(self.state.catalog.state),
+                                   choices=list(self.state.choices))
 
     def _run_step(self, label: str, work: Callable[..., Any],
                   apply: Callable[[Any], None]) -> Task:
@@ -336,8 +352,8 @@ class ImportDialog(QDialog):
     def _finish(self) -> None:
         self.progress.setValue(0)
         self.progress.show()
-        self.task = Task(lambda progress, cancelled: self.state.finish(progress, cancelled),
-                         self)
+        worker = self._worker_state()
+        self.task = Task(lambda progress, cancelled: worker.finish(progress, cancelled), self)
         self.task.progress.connect(lambda done, total: self.progress.setValue(done))
         self.task.succeeded.connect(self._imported)
         self.task.failed.connect(self._import_failed)
@@ -349,6 +365,8 @@ class ImportDialog(QDialog):
     def _imported(self, result: dict[str, Any]) -> None:
         self.task = None
         self.result_names = result
+        self.events.changed(["adapter", "variant"] if "variant" in result else ["adapter"],
+                            [result["adapter"], result.get("variant", "")])
         self.accept()
 
     def _import_failed(self, message: str) -> None:
