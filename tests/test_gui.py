@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 
-from engine.state import conversations, settings
+from engine.catalog import resolve
 from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.runtime.messages import Abort
+from engine.state import conversations, settings
 from gui.main_window import MainWindow
 from tests import factories as f
 from tests.engine_helpers import populate
 from tests.gui_helpers import LONG, wait_step
-from engine.catalog import resolve
-from engine.catalog import imports
 
 
 @pytest.fixture
@@ -201,18 +201,20 @@ def test_chat_streams_stops_and_survives_a_restart(populated: MainWindow, qtbot)
     after_stop: list[str] = []
     stopped = {"flag": False}
 
-    def on_tokens(request_id: str, _side: str, text: str, _toks: list) -> None:
+    def on_tokens(_side: str, text: str, _toks: list) -> None:
         if stopped["flag"]:
             after_stop.append(text)
-        elif request_id == chat.request_id:
+        else:
             stopped["flag"] = True
             chat.stop()
 
-    populated.client.tokens.connect(on_tokens)
     chat.input.setPlainText("Tell me a very long story about a lighthouse keeper.")
-    with qtbot.waitSignal(populated.client.cancelled, timeout=LONG):
+    with qtbot.waitSignal(chat.busyChanged, timeout=LONG,
+                          check_params_cb=lambda busy: not busy):
         chat.send()
-    populated.client.tokens.disconnect(on_tokens)
+        reply = chat.reply  # its events arrive once this block waits: none is missed
+        reply.tokens.connect(on_tokens)
+    assert reply.outcome == "cancelled" and stopped["flag"]
     assert after_stop == []
     assert chat.conversation.messages[-1].error == "stopped"
     conversation_id = chat.conversation.id
@@ -252,22 +254,22 @@ def test_compare_view_fills_both_sides_and_exports(populated: MainWindow, qtbot)
     assert view.variant.currentText() == "vb"
 
 
+@pytest.mark.slow
 def test_recovery_banner_after_the_engine_is_killed(populated: MainWindow, qtbot) -> None:
     chat = populated.chat
     populated.open_chat(DEFAULT_MODEL_NAME)
     catalog_bytes = Path(Catalog().state.path).read_bytes()
 
-    def kill_on_first_tokens(request_id: str, *_args: object) -> None:
-        if request_id == chat.request_id:
-            populated.client.tokens.disconnect(kill_on_first_tokens)
-            os.kill(populated.client.pid(), signal.SIGKILL)  # a crash, mid-answer
+    def kill_on_first_tokens(*_args: object) -> None:
+        chat.reply.tokens.disconnect(kill_on_first_tokens)
+        os.kill(populated.client.pid(), signal.SIGKILL)  # a crash, mid-answer
 
-    populated.client.tokens.connect(kill_on_first_tokens)
     chat.input.setPlainText("Tell me a very long story about a lighthouse keeper.")
     with qtbot.waitSignal(populated.client.stateChanged, timeout=LONG,
                           check_params_cb=lambda state, _d: state == "crashed"):
         chat.send()
-    qtbot.waitUntil(lambda: chat.request_id is None, timeout=LONG)
+        chat.reply.tokens.connect(kill_on_first_tokens)
+    qtbot.waitUntil(lambda: chat.reply is None, timeout=LONG)
     assert populated.banner.isVisible() and "engine process stopped" in \
         populated.banner.label.text()
     failed = chat.conversation.messages[-1]
@@ -281,6 +283,7 @@ def test_recovery_banner_after_the_engine_is_killed(populated: MainWindow, qtbot
     assert chat.conversation.messages[-1].content and not chat.conversation.messages[-1].error
 
 
+@pytest.mark.slow
 def test_native_abort_leaves_the_window_and_state_intact(studio_home: Path, tmp_path: Path,
                                                          base_info, qtbot, monkeypatch) -> None:
     """A native abort in the engine (the test-only abort request calls os.abort())."""
@@ -297,7 +300,7 @@ def test_native_abort_leaves_the_window_and_state_intact(studio_home: Path, tmp_
     saved = {p.name: p.read_bytes() for p in studio_home.rglob("*.json")}
     with qtbot.waitSignal(win.client.stateChanged, timeout=LONG,
                           check_params_cb=lambda state, _d: state == "crashed"):
-        win.client.submit("abort")
+        win.client.submit(Abort())
     assert win.isVisible() and win.banner.isVisible()
     assert "SIGABRT" in win.banner.label.text()
     assert {p.name: p.read_bytes() for p in studio_home.rglob("*.json")} == saved
@@ -333,9 +336,10 @@ def test_first_run_of_the_app_has_the_demo_and_a_train_tab(window: MainWindow) -
     assert window.chat.model_name == "tool-calls"
 
 
+@pytest.mark.slow
 def test_openvino_from_the_window(populated: MainWindow, qtbot, tmp_path_factory) -> None:
     """Build the OpenVINO default, give an adapter its PEFT file, chat on OpenVINO."""
-    from tests.test_openvino_helpers import first_build
+    from tests.openvino_helpers import first_build
 
     first_build(tmp_path_factory)  # the session's build cache: the window finds it there
     picker = populated.chat.backend
@@ -352,13 +356,16 @@ def test_openvino_from_the_window(populated: MainWindow, qtbot, tmp_path_factory
     assert populated.detail.entry["built"] is False
     assert populated.detail.buttons["build"].isVisibleTo(populated.detail)
     assert not populated.detail.buttons["chat"].isVisibleTo(populated.detail)
-    with qtbot.waitSignal(populated.client.finished, timeout=LONG):
+    with qtbot.waitSignal(populated.openvino.finished, timeout=LONG) as built:
         populated.detail.buttons["build"].click()
+    assert built.args == ["built"]
     qtbot.waitUntil(lambda: "not built" not in row().badges, timeout=LONG)
     assert populated.detail.entry["name"] == name and populated.detail.entry["sha256"]
     populated.select("a")
-    with qtbot.waitSignal(imports.convert_adapter(populated, "a").done, timeout=LONG):
-        pass
+    # Waited on from before the conversion starts: its end cannot be missed.
+    with qtbot.waitSignal(populated.events.catalogChanged, timeout=LONG,
+                          check_params_cb=lambda kinds, names: names == ["a"]):
+        populated.detail.buttons["convert"].click()
     assert "openvino" in Catalog().adapter("a").get("files", {})
     populated.select("va")
     populated.open_chat("va")
@@ -371,3 +378,44 @@ def test_openvino_from_the_window(populated: MainWindow, qtbot, tmp_path_factory
     answer = populated.chat.conversation.messages[-1]
     assert answer.backend == "openvino" and answer.content
     assert answer.identity == resolve.identity(Catalog(), "va", backend="openvino").key
+
+
+def test_catalog_changes_are_announced_and_refresh_only_who_shows_them(
+        window: MainWindow, qtbot, monkeypatch) -> None:
+    """Each operation announces what it changed (kinds, names); each view refreshes for
+    the kinds it shows, not after every change."""
+    from PySide6.QtWidgets import QMessageBox
+
+    refreshed: list[str] = []
+    monkeypatch.setattr(window, "refresh", lambda: refreshed.append("library"))
+    monkeypatch.setattr(window.train, "refresh", lambda: refreshed.append("train"))
+    monkeypatch.setattr(window.compare, "set_variants",
+                        lambda *_a, **_k: refreshed.append("compare"))
+    announced: list[tuple[list[str], list[str]]] = []
+    window.events.catalogChanged.connect(lambda kinds, names: announced.append((kinds, names)))
+
+    dialog = window.compose(adapter="tool-calls-lora")
+    dialog.name.setText("short-calls")
+    dialog.save()
+    assert announced[-1] == (["variant"], ["short-calls"])
+    assert sorted(refreshed) == ["compare", "library"]  # the Train page lists no variants
+
+    refreshed.clear()
+    shown = window.library.current()[1]
+    assert window.detail.buttons["default"].isEnabled()
+    window.set_default(shown)
+    assert announced[-1] == (["default"], [shown]) and refreshed == []
+    assert settings.load().default_model == shown
+    assert not window.detail.buttons["default"].isEnabled()  # shown at once
+
+    refreshed.clear()
+    monkeypatch.setattr(QMessageBox, "question",
+                        lambda *_a, **_k: QMessageBox.StandardButton.Yes)
+    window.remove_entry("short-calls")
+    assert announced[-1] == (["variant"], ["short-calls"])
+    assert sorted(refreshed) == ["compare", "library"]
+    assert "short-calls" not in Catalog().data()["variants"]
+
+    refreshed.clear()
+    window.events.changed(["adapter"], ["tool-calls-lora"])  # as a conversion does
+    assert sorted(refreshed) == ["library", "train"]

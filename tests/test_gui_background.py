@@ -18,12 +18,13 @@ import pytest
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QPushButton
 
-from engine.catalog import digest, validation
-from engine.state import paths, settings
-from engine.catalog.store import Catalog
-from engine.curated.embedded import DEFAULT_MODEL_NAME
-from engine.catalog.wizard import ImportWizard
+from engine.catalog import digest, imports, validation
 from engine.catalog.resolve import resolve
+from engine.catalog.store import Catalog
+from engine.catalog.wizard import ImportWizard
+from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.runtime.messages import Open
+from engine.state import paths, settings
 from gui.library import BadgesRole, ProblemRole
 from gui.main_window import MainWindow
 from gui.settings_dialog import SettingsDialog
@@ -31,7 +32,6 @@ from gui.wizard import ImportDialog
 from tests import factories as f
 from tests.engine_helpers import populate
 from tests.gui_helpers import LONG, drive_modal, wait_step
-from engine.catalog import imports
 
 GATE = 120  # s: how long a held worker waits for the GUI thread before giving up
 
@@ -119,12 +119,12 @@ def test_a_thread_change_in_settings_reaches_the_restarted_engine(window: MainWi
     environ = Path(f"/proc/{info['pid']}/environ").read_bytes().split(b"\0")
     assert f"VARIANT_STUDIO_THREADS={target}".encode() in environ
     # The sessions the new engine opens (the llama.cpp context) use that count.
-    request = window.client.submit("open", {"spec": resolve(window.catalog,
-                                                            DEFAULT_MODEL_NAME).to_dict()})
-    with qtbot.waitSignal(window.client.finished, timeout=LONG,
-                          check_params_cb=lambda rid, _r: rid == request) as opened:
+    # The reply's events are delivered on this thread's event loop: none arrives before
+    # the wait below has begun.
+    reply = window.client.submit(Open(resolve(window.catalog, DEFAULT_MODEL_NAME)))
+    with qtbot.waitSignal(reply.finished, timeout=LONG) as opened:
         pass
-    described = opened.args[1]
+    described = opened.args[0]
     assert described["n_threads"] == target
     assert [r["base"] for r in described["residents"]] == [DEFAULT_MODEL_NAME]
 
@@ -158,16 +158,42 @@ def test_adding_a_base_model_shows_progress_and_cancel_adds_nothing(
     assert not dialog.isVisible()
     assert "nothing was added" in window.statusBar().currentMessage()
 
-    # Without a cancel it is added, selected, and the progress ran to the end.
+    # Without a cancel it is added, selected, and the progress ran to the end. The wait
+    # begins before the work does, so its end cannot be missed.
     monkeypatch.setattr(digest, "hash_uncached", real_hash)
     values: list[int] = []
-    task = window.add_model(str(copy))
-    task.progress.connect(lambda done, _total: values.append(done))
-    with qtbot.waitSignal(task.succeeded, timeout=LONG):
-        pass
+    with qtbot.waitSignal(window.events.catalogChanged, timeout=LONG,
+                          check_params_cb=lambda kinds, names: (kinds, names) == (
+                              ["model"], ["my-base"])):
+        task = window.add_model(str(copy))
+        task.progress.connect(lambda done, _total: values.append(done))
+    assert task.outcome == "succeeded"
     assert values and values[-1] == 1000
     assert Catalog().model("my-base")["sha256"] == digest.cached_digest(copy)
     assert window.library.current() == ("model", "my-base")
+
+
+def test_file_add_base_model_asks_for_a_file_and_suggests_a_valid_name(
+        window: MainWindow, tmp_path: Path, embedded_path: Path, qtbot,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """File → Add base model: the file dialog's choice is added (not the action's
+    `checked` flag), under an ASCII name valid for the catalog."""
+    copy = tmp_path / "modèle (v2).gguf"
+    shutil.copyfile(embedded_path, copy)
+    asked: list[str] = []
+
+    def choose(_parent, title, *_args, **_kwargs) -> tuple[str, str]:
+        asked.append(title)
+        return str(copy), ""
+
+    monkeypatch.setattr("gui.main_window.QFileDialog.getOpenFileName", choose)
+    with qtbot.waitSignal(window.events.catalogChanged, timeout=LONG) as changed:
+        window.act_model.trigger()
+    assert asked == ["Base model (GGUF)"]
+    assert changed.args == [["model"], ["modele-v2"]]
+    assert Path(Catalog().model("modele-v2")["path"]).resolve() == copy.resolve()
+    assert window.library.current() == ("model", "modele-v2")
+    assert "added base model modele-v2" in window.statusBar().currentMessage()
 
 
 # --------------------------------------------------------------------------- the wizard
@@ -311,7 +337,7 @@ def test_a_refresh_reads_no_whole_file_on_the_gui_thread(
     assert win.detail.entry is None and "Checking" in win.detail.browser.toPlainText()
     qtbot.waitUntil(reached.is_set, timeout=LONG)
     assert win.check_label.isVisible() and win.check_button.text() == "Stop"
-    with qtbot.waitSignal(win._check.done, timeout=LONG):
+    with qtbot.waitSignal(win.library_check.task.done, timeout=LONG):
         win.check_button.click()
         release.set()
     assert "stopped" in win.check_label.text() and win.check_button.text() == "Check now"

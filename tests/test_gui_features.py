@@ -21,11 +21,12 @@ from PySide6.QtCore import QMimeData, QPoint, QPointF, QSettings, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication, QPalette
 from PySide6.QtWidgets import QApplication, QMessageBox
 
-from engine.state import conversations, paths, settings
+from engine.catalog import imports, resolve
 from engine.catalog.store import AdapterSpec, Catalog
-from engine.state.conversations import ChatMessage
 from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.formats.lora_io import write_gguf
+from engine.state import conversations, paths, settings
+from engine.state.conversations import ChatMessage
 from gui import render, theme
 from gui.library import ProblemRole
 from gui.main_window import MainWindow
@@ -34,8 +35,6 @@ from gui.wizard import ImportDialog
 from tests import factories as f
 from tests.engine_helpers import BASE, populate
 from tests.gui_helpers import LONG, SHORT, drive_modal
-from engine.catalog import resolve
-from engine.catalog import imports
 
 FAST = {"max_tokens": 8, "temperature": 0.0, "repeat_penalty": 1.0}
 POEM = "Write a short poem about the sea."
@@ -278,15 +277,13 @@ def test_settings_save_context_backend_and_theme(home: Path, open_window, user_i
         assert expected.short in win.chat.header.text()
         assert resolve.identity(Catalog(), BASE).short not in win.chat.header.text()
 
-        def stop_on_first_tokens(request_id: str, *_args: object) -> None:
-            if request_id == win.chat.request_id:
-                win.client.tokens.disconnect(stop_on_first_tokens)
-                win.chat.stop()
-
-        win.client.tokens.connect(stop_on_first_tokens)
         win.chat.input.setPlainText("Say hello.")
-        with qtbot.waitSignal(win.client.cancelled, timeout=LONG):
+        with qtbot.waitSignal(win.chat.busyChanged, timeout=LONG,
+                              check_params_cb=lambda busy: not busy):
             win.chat.send()
+            reply = win.chat.reply  # stopped on its first tokens
+            reply.tokens.connect(lambda *_args: reply.stop())
+        assert reply.outcome == "cancelled"
         with qtbot.waitSignal(win.client.described, timeout=LONG) as described:
             win.client.describe()
         sessions = {s["identity"]: s for s in described.args[0]["sessions"]}
@@ -588,6 +585,7 @@ def run_compare(view, qtbot) -> dict:
     return view.result
 
 
+@pytest.mark.slow
 def test_compare_marks_the_divergence_in_both_texts_with_each_speed_and_switches(
         home: Path, open_window, qtbot) -> None:
     win = open_window()
@@ -632,18 +630,11 @@ def test_compare_marks_the_divergence_in_both_texts_with_each_speed_and_switches
 
     # Switching while a run is going stops it; nothing of it lands under new labels.
     view.run()
-    old_request = view.request_id
-    assert old_request and not view.run_button.isEnabled()
-    view.select_variant("va")
-    assert view.request_id is None and view.run_button.isEnabled()
-    ended = {"ok": False}
-
-    def end(request_id: str, *_args: object) -> None:
-        ended["ok"] = ended["ok"] or request_id == old_request
-
-    win.client.cancelled.connect(end)
-    win.client.finished.connect(end)
-    qtbot.waitUntil(lambda: ended["ok"], timeout=LONG)
+    old = view.reply
+    assert old is not None and not view.run_button.isEnabled()
+    with qtbot.waitSignal(old.done, timeout=LONG):  # its end arrives once this waits
+        view.select_variant("va")
+        assert view.reply is None and view.run_button.isEnabled()
     assert view.result is None
     assert view.base_side.text == view.variant_side.text == ""
     assert resolve.identity(Catalog(), "va").short in view.variant_side.title.text()
@@ -698,7 +689,7 @@ def test_library_badges_a_base_model_whose_file_changed_on_disk(
     win.open_chat("copy-var")
     win.chat.input.setPlainText("Hello")
     win.chat.send()
-    qtbot.waitUntil(lambda: win.chat.request_id is None and
+    qtbot.waitUntil(lambda: win.chat.reply is None and
                     win.chat.conversation.messages[-1].role == "assistant", timeout=LONG)
     last = win.chat.conversation.messages[-1]
     assert last.error and "changed" in last.error and not last.content

@@ -14,16 +14,16 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 
-from engine.state import conversations
+from engine.catalog import resolve
 from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.state import conversations
 from gui.composer import ComposerDialog
 from gui.library import BadgesRole
 from gui.main_window import MainWindow
 from gui.wizard import ImportDialog
 from tests import factories as f
 from tests.gui_helpers import LONG
-from engine.catalog import resolve
 
 SOURCE = "https://example.org/loras/poet.gguf"
 PROMPT = "Write a short poem about the sea."

@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from engine.catalog.store import Catalog
+from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.training import torch_available
+from gui.catalog_events import CatalogEvents
+from gui.controllers.training import TrainingController
 from gui.train_page import TrainPage
 from tests.gui_helpers import LONG
-from engine.curated import setup
 
 pytestmark = pytest.mark.skipif(not torch_available(),
                                 reason="PyTorch (the [train] extra) is not installed")
@@ -25,14 +27,21 @@ def small_data(path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def page(qtbot, studio_home: Path):
+def make_page(qtbot) -> TrainPage:
     catalog = Catalog()
     setup.first_run(catalog)
-    widget = TrainPage(catalog)
+    events = CatalogEvents()
+    widget = TrainPage(TrainingController(catalog, events))
+    widget._events = events  # kept alive with the page
     qtbot.addWidget(widget)
+    return widget
+
+
+@pytest.fixture
+def page(qtbot, studio_home: Path):
+    widget = make_page(qtbot)
     yield widget
-    widget.client.shutdown()  # never leave a worker behind
+    widget.controller.shutdown()  # never leave a worker behind
 
 
 def fill(page: TrainPage, data: Path, name: str, steps: int) -> None:
@@ -55,11 +64,13 @@ def test_short_training_lands_on_the_new_variant(qtbot, page: TrainPage,
     page.client.progress.connect(lambda e: steps.append(e["step"]))
     warnings: list[str] = []
     page.client.warning.connect(warnings.append)
-    with qtbot.waitSignal(page.variantCreated, timeout=LONG) as created:
+    with qtbot.waitSignal(page.controller.events.catalogChanged, timeout=LONG) as changed, \
+            qtbot.waitSignal(page.controller.variantCreated, timeout=LONG) as created:
         page.start_button.click()
         assert page.busy() and not page.start_button.isEnabled()
         assert page.cancel_button.isEnabled() and not page.steps.isEnabled()
     assert created.args == ["gui-a-v"]
+    assert changed.args == [["adapter", "variant"], ["gui-a", "gui-a-v"]]
     assert steps == [1, 2, 3]
     assert [s for s, _ in page.plot.points] == [1, 2, 3]
     assert page.progress.maximum() == 3 and page.progress.value() == 3
@@ -79,7 +90,8 @@ def test_cancel_stops_the_run_and_imports_nothing(qtbot, page: TrainPage,
     page.save_every.setValue(1)
     with qtbot.waitSignal(page.client.progress, timeout=LONG):
         page.start_button.click()
-    with qtbot.assertNotEmitted(page.variantCreated), \
+    with qtbot.assertNotEmitted(page.controller.variantCreated), \
+            qtbot.assertNotEmitted(page.controller.events.catalogChanged), \
             qtbot.assertNotEmitted(page.client.finished), \
             qtbot.waitSignal(page.client.cancelled, timeout=120_000) as cancelled:
         page.cancel_button.click()
@@ -108,10 +120,7 @@ def test_bad_requests_are_refused_in_the_page(qtbot, page: TrainPage, tmp_path: 
 def test_missing_torch_explains_how_to_enable_training(qtbot, studio_home: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("engine.training.torch_available", lambda: False)
-    catalog = Catalog()
-    setup.first_run(catalog)
-    widget = TrainPage(catalog)
-    qtbot.addWidget(widget)
+    widget = make_page(qtbot)
     assert "Training is off" in widget.hint.text()
     assert "pip install 'variant-studio[train]'" in widget.hint.text()
     assert not widget.start_button.isEnabled()
@@ -123,7 +132,7 @@ def test_a_run_from_the_window_lands_on_the_new_variant(qtbot, window, tmp_path:
     page = window.train
     window.tabs.setCurrentWidget(page)
     fill(page, small_data(tmp_path / "d.jsonl"), "win-a", 2)
-    with qtbot.waitSignal(page.variantCreated, timeout=LONG):
+    with qtbot.waitSignal(window.training.variantCreated, timeout=LONG):
         page.start_button.click()
     qtbot.waitUntil(lambda: window.library.current() == ("variant", "win-a-v"),
                     timeout=60_000)
