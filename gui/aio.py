@@ -9,7 +9,10 @@ as chained callbacks. `spawn` starts one; an exception it raises reaches
 When something else runs the Qt event loop (pytest-qt's `qtbot.waitSignal`, a script's
 own `QEventLoop.exec`), `loop()` makes a qasync loop that shares it
 (`already_running=True`): its callbacks are Qt timers, so they run in whichever Qt loop
-is turning. Two rules keep coroutines safe: never open a modal `exec()` inside one (a
+is turning. That loop stays the GUI thread's running asyncio loop for the rest of the
+process (qasync has no way to let go of a borrowed Qt loop without quitting it), so
+nothing on that thread may call `asyncio.run` afterwards; other threads have their own
+loops. Two rules keep coroutines safe: never open a modal `exec()` inside one (a
 nested loop would run other coroutine steps inside this one's; use `QDialog.open()`),
 and keep their Qt objects alive through their owner, not the coroutine.
 """
