@@ -13,8 +13,6 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from engine.curated import setup
-from engine.catalog import imports
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "screenshots"
@@ -56,7 +54,7 @@ def train_capture(window, wait) -> None:
 
     page.client.progress.connect(grab_last)
     page.start()
-    wait(page.client.finished, 900_000)
+    wait(window.training.trained, 900_000)
 
 
 def main() -> int:
@@ -65,9 +63,11 @@ def main() -> int:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from engine.formats import artifacts
-    from engine.curated import embedded as defaults
+    from engine.catalog import imports
     from engine.catalog.store import AdapterSpec, Catalog
+    from engine.curated import embedded as defaults
+    from engine.curated import setup
+    from engine.formats import artifacts
     from gui import theme
     from gui.main_window import MainWindow
     from tests import factories
@@ -79,7 +79,8 @@ def main() -> int:
     info = artifacts.inspect_path(defaults.embedded_model_path())
     scratch = Path(tempfile.mkdtemp())
     adapter = factories.write_gguf_lora(scratch / "sea-poet.gguf", info, seed=1, strength=0.1)
-    imports.add_adapter(catalog, "sea-poet", base, adapter, source="generated for the screenshots")
+    imports.add_adapter(catalog, "sea-poet", base, adapter,
+                        source="generated for the screenshots")
     catalog.add_variant("smol-sea-poet", base, [AdapterSpec("sea-poet", 1.0)])
     variants = sorted(catalog.data()["variants"])
     demo = next((v for v in variants if v != "smol-sea-poet"), "smol-sea-poet")
