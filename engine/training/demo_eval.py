@@ -38,19 +38,19 @@ def evaluate(catalog: Catalog, variant: str, rows: list[dict[str, Any]],
     """
     import os
 
+    from engine.catalog.profiles import Sampling
     from engine.catalog.resolve import resolve
+    from engine.runtime import messages
     from engine.runtime.client import EngineClient
 
-    spec = (resolve(catalog, variant, backend=backend) if backend
-            else resolve(catalog, variant)).to_dict()
+    spec = resolve(catalog, variant, backend=backend)
+    sampling = Sampling.from_dict(SAMPLING)
     client = EngineClient(env={**os.environ, "VARIANT_STUDIO_THREADS": str(threads)})
     base_out, variant_out = [], []
     try:
         for i, row in enumerate(rows):
-            params = {"spec": spec, "sampling": SAMPLING,
-                      "prompt": {"text": demo.request_of(row), "chat": True,
-                                 "system": demo.SYSTEM_PROMPT}}
-            result = client.call("compare", params, timeout=600)
+            prompt = messages.Prompt(demo.request_of(row), chat=True, system=demo.SYSTEM_PROMPT)
+            result = client.call(messages.Compare(spec, prompt, sampling), timeout=600)
             base_out.append(result["base"]["text"])
             variant_out.append(result["variant"]["text"])
             if progress:
@@ -58,7 +58,7 @@ def evaluate(catalog: Catalog, variant: str, rows: list[dict[str, Any]],
     finally:
         client.close()
     return {
-        "backend": spec["identity"]["backend"],
+        "backend": spec.backend,
         "threads": threads,
         "base": demo.score(base_out, rows),
         "variant": demo.score(variant_out, rows),
