@@ -12,40 +12,37 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine import cli
-from engine.catalog import digest
-from engine.curated import openvino_default
+from engine.catalog import digest, health, resolve
 from engine.catalog.store import Catalog
+from engine.curated import demo as shipped
+from engine.curated import openvino_default
 from engine.training import demo
-from tests.test_openvino_helpers import Home, first_build
-from engine.catalog import resolve
-from engine.catalog import health
+from tests.openvino_helpers import first_build
 
 OV = openvino_default.NAME
-SHIPPED_PEFT = demo.resources_dir() / demo.SHIPPED_PEFT / "adapter_model.safetensors"
+SHIPPED_PEFT = shipped.resources_dir() / shipped.SHIPPED_PEFT / "adapter_model.safetensors"
 # 8 held-out rows: the tools rotate, so the first 8 cover all five at least once.
 HELDOUT_ROWS = 8
 
 
 @pytest.fixture(scope="module")
-def demo_catalog(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Catalog]:
+def demo_catalog(module_home: Path, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[Catalog]:
     first_build(tmp_path_factory)  # the session's build: the CLI below finds it cached
-    home = Home(tmp_path_factory.mktemp("ov-demo") / "home")
 
     def no_build(progress: Any) -> dict[str, Any]:
         raise AssertionError("the OpenVINO default was built again: the cache was missed")
 
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(openvino_default, "engine_builder", no_build)
-            assert cli.main(["model", "openvino-default"]) == 0
-        yield Catalog()
-    finally:
-        home.restore()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(openvino_default, "engine_builder", no_build)
+        assert cli.main(["model", "openvino-default"]) == 0
+    yield Catalog()
 
 
 def test_building_the_openvino_default_attaches_the_shipped_demo_peft(

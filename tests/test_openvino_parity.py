@@ -11,6 +11,7 @@ on average. A conversion that forgets the permutation misses by 50x or more.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +19,20 @@ import numpy as np
 import pytest
 
 from engine import cli
-from engine.formats import gguf_file, lora_io
-from engine.curated import openvino_default
+from engine.catalog import imports, resolve
 from engine.catalog.store import AdapterSpec, Catalog
-from engine.runtime.client import EngineClient
+from engine.cli import run_cmds
+from engine.curated import openvino_default
 from engine.curated.embedded import DEFAULT_MODEL_NAME
-from engine.catalog.resolve import resolve
+from engine.formats import gguf_file, lora_io
+from engine.runtime import messages
+from engine.runtime.client import EngineClient
 from tests import factories as f
-from tests.test_openvino_helpers import Home, first_build, register_default
-from engine.catalog import resolve
-from engine.catalog import imports
+from tests.openvino_helpers import first_build, register_default
 
 OV = openvino_default.NAME
 ROLES = ("attn_q", "attn_k", "attn_v", "attn_output")
-PROMPTS = [{"text": text, "chat": True} for text in cli.PARITY_PROMPTS]
+PROMPTS = tuple(messages.Prompt(text, chat=True) for text in run_cmds.PARITY_PROMPTS)
 
 
 def test_gguf_to_peft_and_back_keeps_every_value(tmp_path: Path, base_info,
@@ -100,15 +101,16 @@ def test_an_adapter_carries_a_file_per_backend_and_its_variant_runs_on_both(
     assert backends["llama"]["identity"] != backends["openvino"]["identity"]
     assert [a["sha256"] for a in backends["openvino"]["adapters"]] == [
         files["openvino"]["sha256"]]
-    assert backends["openvino"]["identity"] == resolve.identity(catalog, "vs", backend="openvino").key
+    assert backends["openvino"]["identity"] == (
+        resolve.identity(catalog, "vs", backend="openvino").key)
     assert cli.main(["remove", OV]) == 3  # the adapter's OpenVINO file depends on it
     assert "used by style" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
-def parity_world(tmp_path_factory: pytest.TempPathFactory, base_info) -> Any:
+def parity_world(module_home: Path, tmp_path_factory: pytest.TempPathFactory, base_info
+                 ) -> Iterator[tuple[Catalog, EngineClient]]:
     tmp = tmp_path_factory.mktemp("ov-parity")
-    home = Home(tmp / "home")
     catalog = Catalog()
     register_default(catalog, tmp_path_factory)
     source = f.write_gguf_lora(tmp / "style.gguf", base_info, roles=ROLES, seed=3,
@@ -129,12 +131,12 @@ def parity_world(tmp_path_factory: pytest.TempPathFactory, base_info) -> Any:
     # An OpenVINO file with two tensors for a layer the model lacks (layer 99): our
     # coverage check warns and accepts it; OpenVINO GenAI prints its own warnings.
     imports.add_adapter(catalog, "extra", DEFAULT_MODEL_NAME, source)
-    imports.add_adapter_file(catalog, "extra", OV, with_unknown_layer(tmp / "extra", source, base_info))
+    imports.add_adapter_file(catalog, "extra", OV,
+                             with_unknown_layer(tmp / "extra", source, base_info))
     catalog.add_variant("vextra", DEFAULT_MODEL_NAME, [AdapterSpec("extra", 1.0)])
     client = EngineClient()
     yield catalog, client
     client.close()
-    home.restore()
 
 
 UNKNOWN_LAYER = [f"base_model.model.model.layers.99.self_attn.{r}" for r in ("q_proj", "v_proj")]
@@ -161,10 +163,9 @@ def with_unknown_layer(folder: Path, source: Path, base_info) -> Path:
 
 def cross(catalog: Catalog, client: EngineClient, first: str, second: str,
           first_backend: str = "llama") -> dict[str, Any]:
-    return client.call("cross_check", {
-        "first": resolve(catalog, first, backend=first_backend).to_dict(),
-        "second": resolve(catalog, second, backend="openvino").to_dict(),
-        "prompts": PROMPTS, "tokens": 8}, timeout=1200)
+    return client.call(messages.CrossCheck(
+        resolve.resolve(catalog, first, backend=first_backend),
+        resolve.resolve(catalog, second, backend="openvino"), PROMPTS, 8), timeout=1200)
 
 
 def test_converted_adapter_behaves_on_openvino_as_the_original_on_llama_cpp(
@@ -183,10 +184,9 @@ def test_converted_adapter_behaves_on_openvino_as_the_original_on_llama_cpp(
     wrong = cross(catalog, client, "vs16", "vraw")
     assert wrong["max_kl"] >= 0.05 and wrong["max_kl"] >= 50 * max(same["max_kl"], 1e-6)
     # The adapter really acts: without it the distributions move far more than the noise.
-    plain = client.call("cross_check", {
-        "first": resolve(catalog, "vs16").to_dict(),
-        "second": resolve(catalog, "f16").to_dict(), "prompts": PROMPTS[:2], "tokens": 4},
-        timeout=1200)
+    plain = client.call(messages.CrossCheck(resolve.resolve(catalog, "vs16"),
+                                            resolve.resolve(catalog, "f16"), PROMPTS[:2], 4),
+                        timeout=1200)
     assert plain["max_kl"] >= 0.05
 
 
@@ -204,7 +204,7 @@ def parity_json(capsys: pytest.CaptureFixture, *args: str) -> dict[str, Any]:
 def parity_text(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
                 result: dict[str, Any], *args: str) -> str:
     """The text report for an engine result already measured (no second engine run)."""
-    monkeypatch.setattr(cli, "_run_engine", lambda op, params, on_event=None: {
+    monkeypatch.setattr(run_cmds, "run_once", lambda request, on_event=None: {
         k: v for k, v in result.items() if k != "recorded_for"})
     capsys.readouterr()
     assert cli.main(["parity", *args, "--tokens", "4", "--prompt", PARITY_PROMPT]) == 0
@@ -220,7 +220,8 @@ def test_parity_command_reports_kl_agreement_backends_and_no_openvino_warning(
         assert (result["first"]["backend"], result["second"]["backend"]) == ("llama",
                                                                              "openvino")
         assert result["first"]["name"] == result["second"]["name"] == "vs"
-        assert result["second"]["identity"] == resolve.identity(catalog, "vs", backend="openvino").key
+        assert result["second"]["identity"] == (
+            resolve.identity(catalog, "vs", backend="openvino").key)
         (row,) = result["prompts"]
         assert row["same_token_ids"] and len(row["kl"]) == len(row["first"]) == 4
         # The curated defaults' tolerance (docs/formats.md, "Parity").

@@ -14,10 +14,10 @@ import pytest
 from safetensors.numpy import save_file
 
 from engine import cli
-from engine.curated import openvino_default
 from engine.catalog.store import Catalog
+from engine.curated import openvino_default
 from tests import factories as f
-from tests.test_openvino_helpers import register_default
+from tests.openvino_helpers import register_default
 
 OV = openvino_default.NAME
 

@@ -13,16 +13,17 @@ import pytest
 
 from engine import cli
 from engine.catalog import digest
-from engine.formats import lora_io
 from engine.catalog.store import Catalog
+from engine.curated import demo as shipped
+from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
+from engine.formats import lora_io
 from engine.training import demo, torch_available
 from engine.training.client import TrainingJob
 from engine.training.job import TrainRequest
-from engine.curated import setup
 
-FOLDER = demo.resources_dir()
-RECORD = json.loads((FOLDER / demo.SHIPPED_PROVENANCE).read_text())
+FOLDER = shipped.resources_dir()
+RECORD = json.loads((FOLDER / shipped.SHIPPED_PROVENANCE).read_text())
 
 
 def test_demo_data_regenerate_byte_for_byte() -> None:
@@ -48,16 +49,16 @@ def test_shipped_adapter_matches_its_record(base_info) -> None:
     for key in ("base_sha256", "data_sha256", "adapter_sha256", "seed", "config",
                 "versions", "platform", "steps", "time", "loss"):
         assert key in RECORD, key
-    gguf = FOLDER / demo.SHIPPED_ADAPTER
+    gguf = FOLDER / shipped.SHIPPED_ADAPTER
     assert digest.hash_uncached(gguf)[0] == RECORD["adapter_sha256"]
-    peft = FOLDER / demo.SHIPPED_PEFT / "adapter_model.safetensors"
+    peft = FOLDER / shipped.SHIPPED_PEFT / "adapter_model.safetensors"
     assert digest.hash_uncached(peft)[0] == RECORD["adapter_files"]["peft"]["sha256"]
     assert RECORD["config"] == {**RECORD["config"], **demo.DEMO_SETTINGS}
     assert RECORD["loss"]["last"] < RECORD["loss"]["first"] / 10
     weights = lora_io.read_gguf(gguf)
     assert weights.base_sha256 == RECORD["base_sha256"]
     expected = lora_io.gguf_to_peft(weights, base_info.head_count, base_info.head_count_kv)
-    exported = lora_io.read_peft(FOLDER / demo.SHIPPED_PEFT)
+    exported = lora_io.read_peft(FOLDER / shipped.SHIPPED_PEFT)
     for module, (a, b) in expected.layers.items():
         assert np.array_equal(exported.layers[module][0], a)
         assert np.array_equal(exported.layers[module][1], b)
@@ -65,6 +66,8 @@ def test_shipped_adapter_matches_its_record(base_info) -> None:
 
 def test_fresh_catalog_offers_the_curated_demo(studio_home: Path,
                                                capsys: pytest.CaptureFixture) -> None:
+    # The first command that writes sets the catalog up (read-only `list` writes nothing).
+    setup.first_run(Catalog(), with_demo=True)
     assert cli.main(["list", "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     variants = {v["name"]: v for v in listing["variants"]}
