@@ -1,5 +1,6 @@
-"""Artifacts the tests write themselves: LoRA adapters for the embedded model and
-hand-crafted GGUF/safetensors bytes (no binary blobs are committed)."""
+"""Artifacts the tests write themselves: LoRA adapters for the embedded model,
+hand-crafted GGUF/safetensors bytes and small training data (no binary blobs are
+committed)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,16 @@ def raw_safetensors(header: dict | str | bytes, data: bytes = b"", length: int |
         header = json.dumps(header)
     raw = header.encode() if isinstance(header, str) else header
     return struct.pack("<Q", len(raw) if length is None else length) + raw + data
+
+
+# --------------------------------------------------------------------------- training data
+
+
+def sft_data(path: Path) -> Path:
+    """Eleven SFT examples: ten prompt/completion sums and one weighted chat."""
+    rows = [{"prompt": f"Q: what is {i} plus {i}?\nA:", "completion": f" {2 * i}"}
+            for i in range(10)]
+    rows.append({"messages": [{"role": "user", "content": "Name a colour."},
+                              {"role": "assistant", "content": "Teal."}], "weight": 0.5})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path

@@ -13,18 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.catalog import store as catalog_mod
-from engine.catalog import digest, validation
-from engine.state import paths, settings
+from engine.catalog import digest, health, imports, validation
 from engine.catalog.store import AdapterSpec, Catalog
-from engine.runtime.client import EngineClient
+from engine.catalog.wizard import ImportWizard
+from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.errors import Cancelled
-from engine.catalog.wizard import ImportWizard
+from engine.runtime import messages
+from engine.runtime.client import EngineClient
+from engine.state import paths, settings
 from tests import factories as f
-from engine.curated import setup
-from engine.catalog import imports
-from engine.catalog import health
 
 
 @pytest.fixture
@@ -73,9 +71,9 @@ def test_a_changed_file_is_unchecked_until_check_files_reads_it(
     copy = tmp_path / "other.gguf"
     shutil.copyfile(embedded_path, copy)
     imports.add_model(catalog, "other", copy)
-    imports.add_adapter(catalog, "b", "other", f.write_gguf_lora(tmp_path / "b.gguf",
-                                                         catalog.base_info(
-                                                             catalog.model("other")), seed=2))
+    other = catalog.base_info(catalog.model("other"))
+    imports.add_adapter(catalog, "b", "other", f.write_gguf_lora(tmp_path / "b.gguf", other,
+                                                                 seed=2))
     catalog.add_variant("vb", "other", [AdapterSpec("b", 1.0)])
     assert health.unchecked(catalog) == set()
     with copy.open("ab") as handle:
@@ -89,7 +87,7 @@ def test_a_changed_file_is_unchecked_until_check_files_reads_it(
     seen: list[int] = []
     with pytest.raises(Cancelled):
         health.check_files(catalog, lambda done, total: seen.append(done),
-                                cancelled=lambda: len(seen) >= 1)
+                           cancelled=lambda: len(seen) >= 1)
     assert digest.cached_digest(copy) is None
     assert health.unchecked(catalog) == {"other", "b", "vb"}
     progress: list[tuple[int, int]] = []
@@ -119,7 +117,8 @@ def test_a_cancelled_import_adds_nothing_even_at_the_last_moment(
         return catalog.state._lock.is_locked  # true only inside the catalog write
 
     with pytest.raises(Cancelled):
-        imports.add_adapter(catalog, "late", DEFAULT_MODEL_NAME, source, cancelled=after_all_reads)
+        imports.add_adapter(catalog, "late", DEFAULT_MODEL_NAME, source,
+                            cancelled=after_all_reads)
     copy = tmp_path / "base.gguf"
     shutil.copyfile(embedded_path, copy)
     with pytest.raises(Cancelled):
@@ -166,13 +165,13 @@ def test_each_engine_start_takes_the_environment_of_that_moment(studio_home: Pat
     settings.update(threads=2)
     client = EngineClient(env=env, on_state=on_state)
     try:
-        first = client.call("describe", timeout=120)
+        first = client.call(messages.Describe(), timeout=120)
         assert first["n_threads"] == 2
         settings.update(threads=3)
         client.kill(expected=True)
         assert stopped.wait(60)
         assert states[-1] == ("stopped", "restarted")  # a restart, not a crash
-        second = client.call("describe", timeout=120)
+        second = client.call(messages.Describe(), timeout=120)
         assert second["pid"] != first["pid"] and second["n_threads"] == 3
         assert starts == [2, 3]
     finally:

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from engine import cli
-from engine.formats import lora_io
-from engine.formats.artifacts import BaseModelInfo
 from engine.catalog.store import Catalog
 from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.formats import lora_io
+from engine.formats.artifacts import BaseModelInfo
 from tests import factories as f
 
 BASE = DEFAULT_MODEL_NAME

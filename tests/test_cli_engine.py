@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from engine import cli
+from engine.catalog import resolve
 from engine.catalog.store import Catalog
 from tests.engine_helpers import BASE, populate
-from engine.catalog import resolve
 
 
 def test_generate_compare_and_status_json(studio_home: Path, tmp_path: Path, base_info,
@@ -21,7 +21,8 @@ def test_generate_compare_and_status_json(studio_home: Path, tmp_path: Path, bas
     assert cli.main(["generate", BASE, *flags]) == 0
     gen = json.loads(capsys.readouterr().out)
     assert {"text", "token_ids", "identity", "tokens_per_second"} <= set(gen)
-    assert len(gen["token_ids"]) == 12 and gen["identity"] == resolve.identity(Catalog(), BASE).key
+    assert len(gen["token_ids"]) == 12
+    assert gen["identity"] == resolve.identity(Catalog(), BASE).key
 
     assert cli.main(["compare", "va", *flags]) == 0
     cmp_ = json.loads(capsys.readouterr().out)

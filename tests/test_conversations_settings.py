@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import UsageError
 from engine.state import conversations, settings
 from engine.state.conversations import ChatMessage
-from engine.errors import UsageError
 
 
 def test_conversation_round_trip_and_title(studio_home: Path) -> None:

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.state import conversations, paths, settings, statefile
 from engine.catalog.store import Catalog
-from engine.state.conversations import ChatMessage
-from engine.errors import StateError
-from engine.state.statefile import StateFile
-from tests.test_hostile import mini_lora
 from engine.curated import setup
+from engine.errors import StateError
+from engine.state import conversations, paths, settings, statefile
+from engine.state.conversations import ChatMessage
+from engine.state.statefile import StateFile
+from tests.hostile_cases import mini_lora
 
 ROOT = Path(__file__).resolve().parent.parent
 ITERATIONS = int(os.environ.get("VARIANT_STUDIO_DURABLE_ITERATIONS", "200"))

@@ -18,12 +18,28 @@ from typing import Any
 
 import pytest
 
-from engine.formats import artifacts, safeio
 from engine.catalog import digest
-from engine.formats.artifacts import BaseModelInfo
 from engine.errors import InspectionError, StudioError
+from engine.formats import artifacts, safeio
+from engine.formats.artifacts import BaseModelInfo
 from engine.formats.templates import Message, TemplateError, render
-from tests.test_hostile import CASES, Unavailable, Workshop, deadline
+from tests import factories as f
+from tests.hostile_cases import (
+    CASES,
+    MAX64,
+    T,
+    Unavailable,
+    Workshop,
+    array_kv,
+    assemble,
+    deadline,
+    gguf_one_kv,
+    kv,
+    lora_kvs,
+    mini_lora,
+    peft_tensors,
+    st_entries,
+)
 
 MiB = 1 << 20
 FILE_SURFACES = ("adapter", "peft", "model")
@@ -100,9 +116,6 @@ def test_a_real_model_header_is_read_without_touching_the_weights(
 @pytest.mark.parametrize("claim", ["tensors", "kvs", "string", "array", "dims", "safetensors"])
 def test_absurd_claims_fail_at_once(tmp_path: Path, claim: str) -> None:
     """Each header claims about 2^64 of something in a file of under 200 bytes."""
-    from tests import factories as f
-    from tests.test_hostile import MAX64, T, array_kv, assemble, gguf_one_kv, kv, lora_kvs
-
     data = {
         "tensors": lambda: assemble(lora_kvs(), [], n_tensors=MAX64),
         "kvs": lambda: assemble([], [], n_kv=MAX64),
@@ -175,8 +188,6 @@ def test_a_path_swapped_for_a_fifo_after_the_check_does_not_block(
 def test_a_file_that_grows_while_hashed_is_hashed_to_a_bound(tmp_path: Path) -> None:
     """Inspection reads only what the header and the size at open allow: appending to
     the file during inspection changes nothing we read."""
-    from tests.test_hostile import mini_lora
-
     path = tmp_path / "growing.gguf"
     path.write_bytes(mini_lora())
     header = artifacts.gguf_file.read_header(path)
@@ -220,9 +231,6 @@ def test_a_panic_in_the_safetensors_library_is_a_refusal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pyo3 turns a Rust panic into PanicException, a BaseException: still a refusal."""
     import safetensors
-
-    from tests import factories as f
-    from tests.test_hostile import peft_tensors, st_entries
 
     class PanicException(BaseException):
         pass

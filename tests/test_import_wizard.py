@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from engine.catalog.store import Catalog
-from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.catalog.wizard import ImportWizard, Step
-from tests import factories as f
 from engine.curated import setup
+from engine.curated.embedded import DEFAULT_MODEL_NAME
+from tests import factories as f
 
 
 @pytest.fixture

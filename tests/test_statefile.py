@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from engine.state import statefile
 from engine.state.statefile import StateFile
 
@@ -29,10 +31,8 @@ def test_failed_update_changes_nothing(tmp_path: Path) -> None:
     def boom(_: dict) -> dict:
         raise RuntimeError("no")
 
-    try:
+    with pytest.raises(RuntimeError, match="no"):
         state.update(boom)
-    except RuntimeError:
-        pass
     assert (tmp_path / "s.json").read_bytes() == before
 
 

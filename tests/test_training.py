@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from engine import cli
-from engine.formats import lora_io
 from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.errors import Cancelled, UsageError
+from engine.formats import lora_io
 from engine.training import torch_available
 from engine.training.client import TrainingJob
 from engine.training.job import TrainRequest
+from tests.factories import sft_data
 
 pytestmark = pytest.mark.skipif(not torch_available(),
                                 reason="PyTorch (the [train] extra) is not installed")
@@ -28,15 +29,6 @@ pytestmark = pytest.mark.skipif(not torch_available(),
 SMALL = {"steps": 3, "batch": 2, "seq_len": 48, "rank": 4, "alpha": 8.0, "lr": 5e-3,
          "train_eot": True}
 REQUIRED = ("base_sha256", "data_sha256", "adapter_sha256", "seed", "config", "versions")
-
-
-def sft_data(path: Path) -> Path:
-    rows = [{"prompt": f"Q: what is {i} plus {i}?\nA:", "completion": f" {2 * i}"}
-            for i in range(10)]
-    rows.append({"messages": [{"role": "user", "content": "Name a colour."},
-                              {"role": "assistant", "content": "Teal."}], "weight": 0.5})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def run_job(request: TrainRequest, on_event: Any = None) -> tuple[dict, list[dict]]:
@@ -255,9 +247,9 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(
 
 def test_training_attaches_the_openvino_file_when_the_base_has_a_counterpart(
         studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
-    from engine.curated import openvino_default
     from engine.catalog.resolve import resolve
-    from tests.test_openvino_helpers import register_default
+    from engine.curated import openvino_default
+    from tests.openvino_helpers import register_default
 
     register_default(Catalog(), tmp_path_factory)
     result, _ = run_job(TrainRequest("ov", BASE, str(sft_data(tmp_path / "d.jsonl")),

@@ -25,15 +25,15 @@ import numpy as np
 import pytest
 
 from engine import cli
-from engine.formats import lora_io
+from engine.catalog import imports
 from engine.catalog.store import Catalog
+from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.errors import UsageError
+from engine.formats import lora_io
 from engine.training import torch_available
 from engine.training.job import TrainRequest, prepare
-from tests.test_training import sft_data
-from engine.curated import setup
-from engine.catalog import imports
+from tests.factories import sft_data
 
 pytestmark = pytest.mark.skipif(not torch_available(),
                                 reason="PyTorch (the [train] extra) is not installed")

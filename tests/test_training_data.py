@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.formats.artifacts import BaseModelInfo
 from engine.errors import UsageError
+from engine.formats.artifacts import BaseModelInfo
 from engine.training import data as data_mod
 from engine.training.config import TrainConfig
 from engine.training.tokenizer import Tokenizer
