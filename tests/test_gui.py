@@ -186,6 +186,7 @@ def test_composer_orders_scales_and_previews_identity(populated: MainWindow) -> 
     assert settings.load().default_model == "mix"
 
 
+@pytest.mark.slow
 def test_chat_streams_stops_and_survives_a_restart(populated: MainWindow, qtbot) -> None:
     chat = populated.chat
     populated.open_chat("va")

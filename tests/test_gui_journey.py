@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import Qt
 
 from engine.catalog import resolve
@@ -43,6 +44,7 @@ def retype(qtbot, widget, text: str) -> None:
     qtbot.keyClicks(widget, text)
 
 
+@pytest.mark.slow
 def test_import_chat_compare_inspect_and_come_back(studio_home: Path, tmp_path: Path,
                                                    base_info, qtbot) -> None:
     adapter_file = f.write_gguf_lora(tmp_path / "poet.gguf", base_info, seed=3, strength=0.1)
