@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Engines started by the tests decode with one thread unless told otherwise: on a busy
+# 2-core machine llama.cpp's two spinning threads decoded several times slower than one
+# (8x measured on tests/test_cli_engine.py). Tests of the thread setting set it themselves.
+os.environ.setdefault("VARIANT_STUDIO_THREADS", "1")
 
 from engine.curated import embedded as defaults  # noqa: E402
 from engine.formats import artifacts  # noqa: E402
