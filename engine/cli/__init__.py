@@ -19,7 +19,14 @@ from importlib import metadata
 
 from engine.catalog import digest
 from engine.catalog.store import Catalog
-from engine.cli import catalog_cmds, health_cmds, run_cmds, serve_cmds, train_cmds
+from engine.cli import (
+    catalog_cmds,
+    export_cmds,
+    health_cmds,
+    run_cmds,
+    serve_cmds,
+    train_cmds,
+)
 from engine.cli.parser import build_parser
 from engine.curated import setup
 from engine.errors import Cancelled, StudioError, UsageError
@@ -40,6 +47,7 @@ COMMANDS: dict[str, Command] = {
     "doctor": health_cmds.cmd_doctor,
     "train": train_cmds.cmd_train,
     "serve": serve_cmds.cmd_serve,
+    "export": export_cmds.cmd_export,
 }
 READ_ONLY = frozenset({"list", "show", "status", "doctor"})
 FRONTENDS = "variant_studio.frontends"

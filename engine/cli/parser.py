@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print JSON")
     _train_parser(sub)
     _serve_parser(sub)
+    _export_parser(sub)
     return parser
 
 
@@ -102,6 +103,23 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--cors-origin", dest="cors_origin",
                        help="send CORS headers for this one origin (default: none, so no "
                             "web page can call the server)")
+
+
+def _export_parser(sub: Any) -> None:
+    export = sub.add_parser("export", help="write what another server engine needs to serve "
+                            "a variant (llama-server or vLLM), with a manifest and a README")
+    export.add_argument("name", metavar="VARIANT", help="the variant to export")
+    export.add_argument("--target", required=True, choices=("llama-server", "vllm"),
+                        help="llama-server (the adapter GGUFs, a router-mode preset, a "
+                             "command line, per-request LoRA ids) or vllm (the base in "
+                             "Hugging Face format and the variant as one PEFT adapter)")
+    export.add_argument("--out", required=True, type=Path, metavar="DIR",
+                        help="the folder to write: new, empty, or a previous export of the "
+                             "same variant (then replaced); anything else is refused")
+    export.add_argument("--copy-base", action="store_true", dest="copy_base",
+                        help="llama-server: copy the base GGUF into DIR (default: reference "
+                             "it by path and sha256)")
+    export.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
 
 def _model_parser(sub: Any) -> None:
