@@ -365,10 +365,10 @@ def llama_logprobs(base_path: Path, sequences: list[list[int]],
     from engine.catalog.resolve import AdapterFile
     from engine.runtime.llama.backend import LlamaContext, LlamaModel
 
-    model = LlamaModel(str(base_path), "base", n_threads=2)
+    model = LlamaModel(str(base_path), "base", n_threads=1)
     files = tuple(AdapterFile(f"a{i}", str(path), sha256(path), scale)
                   for i, (path, scale) in enumerate(adapters))
-    context = LlamaContext(model, files, n_ctx=512, n_batch=64, n_threads=2)
+    context = LlamaContext(model, files, n_ctx=512, n_batch=64, n_threads=1)
     try:
         out = []
         for ids in sequences:
