@@ -17,7 +17,7 @@ import numpy as np
 from engine.catalog.digest import CancelCheck, Progress
 from engine.errors import Cancelled, InspectionError, RefusedError
 from engine.formats import gguf_file, naming, safetensors_file
-from engine.formats.artifacts import AdapterInfo, BaseModelInfo
+from engine.formats.artifacts import AdapterInfo, BaseModelInfo, LoraPair
 from engine.formats.safeio import printable
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -176,27 +176,25 @@ def _coverage_and_shapes(adapter: AdapterInfo, base: BaseModelInfo) -> list[Chec
     total = len(adapter.pairs)
     tensors_total = total * 2
     if adapter.format == "gguf":
-        shapes = base.tensor_shapes()
-        unmatched = [p.target for p in adapter.pairs if p.target not in shapes]
-        bad = []
-        for p in adapter.pairs:
-            if p.target in unmatched:
-                continue
-            ne = shapes[p.target]
-            if len(ne) != 2 or ne[0] != p.a_shape[0] or ne[1] != p.b_shape[1]:
-                bad.append(f"{p.target}: base {list(ne)}, lora_a {list(p.a_shape)}, "
-                           f"lora_b {list(p.b_shape)}")
+        # ggml order: base (in, out), lora_a (in, rank), lora_b (rank, out).
+        targets: dict[str, tuple[int, ...]] = base.tensor_shapes()
+
+        def mismatch(p: LoraPair, ne: tuple[int, ...]) -> str | None:
+            if len(ne) == 2 and ne[0] == p.a_shape[0] and ne[1] == p.b_shape[1]:
+                return None
+            return f"base {list(ne)}, lora_a {list(p.a_shape)}, lora_b {list(p.b_shape)}"
     else:
-        modules = base.module_shapes()
-        unmatched = [p.target for p in adapter.pairs if p.target not in modules]
-        bad = []
-        for p in adapter.pairs:
-            if p.target in unmatched:
-                continue
-            out_f, in_f = modules[p.target]
-            if p.a_shape[1] != in_f or p.b_shape[0] != out_f:
-                bad.append(f"{p.target}: layer is {out_f}x{in_f}, A {list(p.a_shape)}, "
-                           f"B {list(p.b_shape)}")
+        targets = dict(base.module_shapes())
+
+        def mismatch(p: LoraPair, shape: tuple[int, ...]) -> str | None:
+            out_f, in_f = shape
+            if p.a_shape[1] == in_f and p.b_shape[0] == out_f:
+                return None
+            return f"layer is {out_f}x{in_f}, A {list(p.a_shape)}, B {list(p.b_shape)}"
+
+    unmatched = [p.target for p in adapter.pairs if p.target not in targets]
+    bad = [f"{p.target}: {problem}" for p in adapter.pairs if p.target in targets
+           for problem in (mismatch(p, targets[p.target]),) if problem]
     matched = total - len(unmatched)
     counts = f"{matched * 2} of {tensors_total} tensors attach to base layers"
     if total == 0 or matched == 0:

@@ -283,13 +283,8 @@ def _gguf_adapter(header: gguf_file.GgufHeader) -> AdapterInfo:
             problems.append(f"tensor {printable(tensor.name)} is not a LoRA half "
                             "(expected a .lora_a or .lora_b suffix)")
     # ggml order (ne[0] first): lora_a is (in, rank), lora_b is (rank, out).
-    pairs = _pair_halves(halves, ("lora_a", "lora_b"), (1, 0), problems)
-    if not halves:
-        problems.insert(0, "no LoRA tensors (.lora_a/.lora_b) in the file")
-    ranks = sorted({p.rank for p in pairs})
-    if len(ranks) > 1:
-        # llama.cpp accepts mixed ranks; alpha/rank then scales each layer differently.
-        problems.append(f"layers disagree on rank ({ranks}); alpha scaling would be ambiguous")
+    pairs, ranks = _pair_halves(halves, ("lora_a", "lora_b"), (1, 0), problems,
+                                ".lora_a/.lora_b")
     base_name = _str(header, "general.base_model.0.name")
     base_sha = _str(header, "adapter.base.sha256")
     return AdapterInfo(
@@ -310,9 +305,10 @@ def _gguf_adapter(header: gguf_file.GgufHeader) -> AdapterInfo:
 
 def _pair_halves(halves: dict[str, dict[str, tuple[tuple[int, ...], str]]],
                  names: tuple[str, str], rank_axes: tuple[int, int],
-                 problems: list[str]) -> list[LoraPair]:
-    """Pair each target's A and B halves (shape, dtype); a missing half, a half that is
-    not 2-D or ranks that disagree are recorded in `problems`, not paired."""
+                 problems: list[str], label: str) -> tuple[list[LoraPair], list[int]]:
+    """Pair each target's A and B halves (shape, dtype): the pairs and their distinct
+    ranks. A missing half, a half that is not 2-D, ranks that disagree within a pair or
+    across layers, and a file with no halves at all are recorded in `problems`."""
     a_name, b_name = names
     pairs = []
     for target, parts in sorted(halves.items()):
@@ -331,7 +327,13 @@ def _pair_halves(halves: dict[str, dict[str, tuple[tuple[int, ...], str]]],
             continue
         dtype = a_type if a_type == b_type else f"{a_type}/{b_type}"
         pairs.append(LoraPair(target, a_shape, b_shape, dtype, a_rank))
-    return pairs
+    if not halves:
+        problems.insert(0, f"no LoRA tensors ({label}) in the file")
+    ranks = sorted({p.rank for p in pairs})
+    if len(ranks) > 1:
+        # llama.cpp accepts mixed ranks; alpha/rank then scales each layer differently.
+        problems.append(f"layers disagree on rank ({ranks}); alpha scaling would be ambiguous")
+    return pairs, ranks
 
 
 # --------------------------------------------------------------------------- PEFT
@@ -372,12 +374,8 @@ def inspect_peft(path: Path) -> AdapterInfo:
         module = match.group(1).removeprefix(naming.PEFT_PREFIX)
         halves.setdefault(module, {})[match.group(2)] = (tensor.shape, tensor.dtype)
     # numpy order: lora_A is (rank, in), lora_B is (out, rank).
-    pairs = _pair_halves(halves, ("lora_A", "lora_B"), (0, 1), problems)
-    if not halves:
-        problems.insert(0, "no LoRA tensors (lora_A/lora_B) in the file")
-    ranks = sorted({p.rank for p in pairs})
-    if len(ranks) > 1:
-        problems.append(f"layers disagree on rank ({ranks})")
+    pairs, ranks = _pair_halves(halves, ("lora_A", "lora_B"), (0, 1), problems,
+                                "lora_A/lora_B")
     r = config.get("r")
     alpha = config.get("lora_alpha")
     if r is not None and (not isinstance(r, int) or isinstance(r, bool)):

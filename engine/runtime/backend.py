@@ -102,6 +102,16 @@ class ResidentModel(Protocol):
     def close(self) -> None: ...
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def load_model(backend: str, path: str, sha256: str, n_threads: int,
                progress: LoadProgress | None, cancelled: CancelCheck) -> ResidentModel:
     """Load a base model on `backend` (the file's digest was verified by the caller)."""

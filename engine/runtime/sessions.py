@@ -34,7 +34,14 @@ from engine.errors import Cancelled, ContextOverflowError, EngineError, RefusedE
 from engine.formats import artifacts
 from engine.formats.artifacts import AdapterInfo, BaseModelInfo
 from engine.formats.templates import Message, plain_prompt, render
-from engine.runtime.backend import AdapterSet, Context, ResidentModel, TextStream, load_model
+from engine.runtime.backend import (
+    AdapterSet,
+    Context,
+    ResidentModel,
+    TextStream,
+    common_prefix,
+    load_model,
+)
 from engine.runtime.messages import Prompt
 from engine.runtime.sampler import Sampler, StopMatcher, log_softmax
 
@@ -110,7 +117,7 @@ class SessionManager:
         key = spec.identity.key
         idle = [s for s in self.sessions if s.spec.identity.key == key and not s.busy]
         if idle:
-            session = max(idle, key=lambda s: _common(s.context.tokens, prompt or []))
+            session = max(idle, key=lambda s: common_prefix(s.context.tokens, prompt or []))
         else:
             session = self._new_session(spec, cancelled, progress)
             if session is None:
@@ -566,15 +573,6 @@ def run_task(task: GenerationTask) -> dict[str, Any]:
                 raise EngineError("every session is busy")
     finally:
         task.close()
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:

@@ -27,6 +27,7 @@ from engine.catalog.resolve import AdapterFile
 from engine.errors import Cancelled, EngineError, RefusedError
 from engine.formats.artifacts import AdapterInfo
 from engine.formats.safeio import printable
+from engine.runtime.backend import common_prefix
 
 _log_lines: deque[str] = deque(maxlen=500)
 _log_partial = [""]
@@ -387,7 +388,7 @@ class LlamaContext:
     def _reuse(self, prompt: list[int]) -> None:
         """Keep the whole aligned chunks of the cache that start `prompt` (at least one
         prompt token is left to decode, for its logits); drop the rest."""
-        keep = min(self.aligned, _common(self.tokens, prompt), len(prompt) - 1)
+        keep = min(self.aligned, common_prefix(self.tokens, prompt), len(prompt) - 1)
         keep -= keep % self.n_batch
         if keep < len(self.tokens):
             if not llama_cpp.llama_memory_seq_rm(self.memory, 0, keep, -1):
@@ -455,12 +456,3 @@ class LlamaContext:
         for sha in self.adapter_shas:
             self.model.release_adapter(sha)
         self.adapter_shas = []
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
