@@ -49,10 +49,12 @@ from gui.compare import CompareView
 from gui.composer import ComposerDialog
 from gui.controllers.library_check import LibraryCheck
 from gui.controllers.openvino_build import OpenVinoBuild
+from gui.controllers.server import ServerController
 from gui.controllers.training import TrainingController
 from gui.detail import DetailPane
 from gui.engine_client import QtEngineClient
 from gui.library import LibraryView, snapshot
+from gui.server_panel import ServerPanel
 from gui.settings_dialog import SettingsDialog
 from gui.tasks import Task
 from gui.train_page import TrainPage
@@ -117,11 +119,15 @@ class MainWindow(QMainWindow):
         self.chat = ChatView(self.client, self.catalog, self.events)
         self.compare = CompareView(self.client, self.catalog, self.events)
         self.train = TrainPage(self.training)
+        self.server_controller = ServerController(self.catalog, self)
+        self.server = ServerPanel(self.server_controller, self.catalog, self.events,
+                                  self.window_state)
         self.tabs = QTabWidget()
         self.tabs.addTab(self.detail, "Details")
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.compare, "Compare")
         self.tabs.addTab(self.train, "Train")
+        self.tabs.addTab(self.server, "Server")
         self.splitter = QSplitter()
         self.splitter.addWidget(self.library)
         self.splitter.addWidget(self.tabs)
@@ -183,6 +189,8 @@ class MainWindow(QMainWindow):
         self._engine_state(self.client.state, "")
         # Start the engine process early so the first answer comes sooner.
         QTimer.singleShot(0, self.client.describe)
+        # Only when the user asked for it (Server panel): never just because it ran before.
+        QTimer.singleShot(0, self.server.autostart_if_asked)
 
     # ---------------------------------------------------------------- actions
 
@@ -311,6 +319,7 @@ class MainWindow(QMainWindow):
             self.chat.set_model(name)
         if kind == "variant":
             self.compare.select_variant(name)
+        self.server.select_model(name)
 
     def select(self, name: str) -> None:
         self.library.select(name)
@@ -574,6 +583,8 @@ class MainWindow(QMainWindow):
             event.ignore()
             return
         self.save_state()
+        self.server.record_running()
+        self.server_controller.shutdown()
         self.stop_current()
         self.library_check.cancel()
         self.openvino.stop()

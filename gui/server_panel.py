@@ -1,0 +1,485 @@
+"""The Server panel: the local OpenAI-compatible server, run from the window.
+
+Start and stop, the address (loopback unless the user chooses another, which needs an
+API key: the engine's `ServeConfig` refuses otherwise, and its message is shown as
+typed), the port (0: a free one, chosen at start), the key, which bases and variants are
+offered (checkboxes; a running server follows them at once), a copyable `curl` and
+Python `openai` example for the chosen model with the exact URL and key in use, and a
+live log of the requests served (from `ServerController.requestLogged`).
+
+What is remembered (in the window's settings file, which holds the key and is made
+readable by its owner only): address, port, key, the models *not* offered (so a new
+variant is offered, as `variant-studio serve` offers everything), whether the user asked
+for the server to start with the app, and whether it was running at quit. The server
+starts with the app only when the user ticked that box: having been running at quit is
+not, by itself, a request to listen on a port at the next start (the panel says so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import time
+from typing import Any
+
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QGuiApplication, QStandardItem, QStandardItemModel
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableView,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.catalog.store import Catalog
+from engine.errors import StudioError
+from engine.serve.app import LogEntry
+from engine.serve.config import DEFAULT_HOST, DEFAULT_PORT, ServeConfig, is_loopback
+from gui.catalog_events import CatalogEvents, touches
+from gui.controllers.server import ServerController
+
+LOG_ROWS = 500
+COLUMNS = ("time", "model", "identity", "prompt", "completion", "tok/s", "status")
+HOSTS = (("127.0.0.1", "127.0.0.1 — this computer only"),
+         ("0.0.0.0", "0.0.0.0 — every network interface (needs a key)"))
+EXAMPLE_MESSAGE = "Hello!"
+
+
+def client_host(host: str) -> str:
+    """The address a client on this computer uses for a server bound to `host`."""
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        return "127.0.0.1"
+    return f"[{host.strip('[]')}]" if ":" in host else host
+
+
+def curl_example(base_url: str, model: str, key: str | None) -> str:
+    body = json.dumps({"model": model,
+                       "messages": [{"role": "user", "content": EXAMPLE_MESSAGE}]})
+    lines = [f"curl {shlex.quote(base_url + '/chat/completions')}",
+             "  -H 'Content-Type: application/json'"]
+    if key:
+        lines.append(f"  -H {shlex.quote('Authorization: Bearer ' + key)}")
+    lines.append(f"  -d {shlex.quote(body)}")
+    return " \\\n".join(lines)
+
+
+def python_example(base_url: str, model: str, key: str | None) -> str:
+    # json.dumps of a str is a valid Python string literal (names and keys are ASCII).
+    return "\n".join([
+        "from openai import OpenAI",
+        "",
+        f"client = OpenAI(base_url={json.dumps(base_url)}, "
+        f"api_key={json.dumps(key or 'unused')})",
+        "answer = client.chat.completions.create(",
+        f"    model={json.dumps(model)},",
+        f"    messages=[{{\"role\": \"user\", \"content\": {json.dumps(EXAMPLE_MESSAGE)}}}])",
+        "print(answer.choices[0].message.content)",
+    ])
+
+
+class ServerPanel(QWidget):
+    def __init__(self, controller: ServerController, catalog: Catalog, events: CatalogEvents,
+                 store: QSettings, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.catalog = catalog
+        self.store = store
+        self.config_error: str | None = None
+
+        # -- settings
+        self.host = QComboBox()
+        self.host.setEditable(True)
+        for value, label in HOSTS:
+            self.host.addItem(label, value)
+        self.host.setAccessibleName("Bind address")
+        self.host.setToolTip("Where the server listens. Loopback (127.0.0.1) is reachable "
+                             "from this computer only; any other address needs an API key.")
+        self.port = QSpinBox()
+        self.port.setRange(0, 65535)
+        self.port.setSpecialValueText("0 (a free port, chosen at start)")
+        self.port.setAccessibleName("Port")
+        self.key = QLineEdit()
+        self.key.setEchoMode(QLineEdit.EchoMode.Password)
+        self.key.setPlaceholderText("none: loopback only (at least 8 characters, no spaces)")
+        self.key.setAccessibleName("API key")
+        self.show_key = QCheckBox("show")
+        self.show_key.toggled.connect(lambda shown: self.key.setEchoMode(
+            QLineEdit.EchoMode.Normal if shown else QLineEdit.EchoMode.Password))
+        self.generate_key = QPushButton("Generate")
+        self.generate_key.setToolTip("A new random key")
+        self.generate_key.clicked.connect(lambda: self.key.setText(secrets.token_urlsafe(24)))
+        key_row = QHBoxLayout()
+        key_row.addWidget(self.key, 1)
+        key_row.addWidget(self.show_key)
+        key_row.addWidget(self.generate_key)
+        self.autostart = QCheckBox("Start the server when Variant Studio opens")
+        self.start_button = QPushButton("Start server")
+        self.start_button.setAccessibleName("Start or stop the server")
+        self.start_button.clicked.connect(self.toggle)
+        self.state_label = QLabel()
+        self.state_label.setWordWrap(True)
+        self.state_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        form_box = QGroupBox("Server")
+        form = QFormLayout(form_box)
+        form.addRow("Address", self.host)
+        form.addRow("Port", self.port)
+        form.addRow("API key", key_row)
+        form.addRow(self.autostart)
+        start_row = QHBoxLayout()
+        start_row.addWidget(self.start_button)
+        start_row.addWidget(self.state_label, 1)
+        form.addRow(start_row)
+
+        # -- exposure
+        self.exposed = QListWidget()
+        self.exposed.setAccessibleName("Models offered by the server")
+        self.exposed.itemChanged.connect(self._exposure_changed)
+        self.exposed.currentItemChanged.connect(lambda *_: self._example_model_from_list())
+        exposed_box = QGroupBox("Offered models (GET /v1/models)")
+        exposed_layout = QVBoxLayout(exposed_box)
+        exposed_layout.addWidget(self.exposed)
+
+        # -- examples
+        self.example_model = QComboBox()
+        self.example_model.setAccessibleName("Model of the examples")
+        self.example_model.currentTextChanged.connect(lambda _t: self._render_examples())
+        self.curl = QPlainTextEdit()
+        self.python = QPlainTextEdit()
+        for edit in (self.curl, self.python):
+            edit.setReadOnly(True)
+            edit.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+            font = edit.font()
+            font.setFamily("monospace")
+            edit.setFont(font)
+        self.copy_curl = QPushButton("Copy curl")
+        self.copy_curl.clicked.connect(
+            lambda: QGuiApplication.clipboard().setText(self.curl.toPlainText()))
+        self.copy_python = QPushButton("Copy Python")
+        self.copy_python.clicked.connect(
+            lambda: QGuiApplication.clipboard().setText(self.python.toPlainText()))
+        self.examples = QTabWidget()
+        self.examples.addTab(self.curl, "curl")
+        self.examples.addTab(self.python, "Python (openai)")
+        self.example_note = QLabel()
+        self.example_note.setWordWrap(True)
+        example_box = QGroupBox("Try it")
+        example_layout = QVBoxLayout(example_box)
+        example_top = QHBoxLayout()
+        example_top.addWidget(QLabel("Model"))
+        example_top.addWidget(self.example_model, 1)
+        example_top.addWidget(self.copy_curl)
+        example_top.addWidget(self.copy_python)
+        example_layout.addLayout(example_top)
+        example_layout.addWidget(self.examples, 1)
+        example_layout.addWidget(self.example_note)
+
+        # -- log
+        self.log_model = QStandardItemModel(0, len(COLUMNS), self)
+        self.log_model.setHorizontalHeaderLabels(list(COLUMNS))
+        self.log_view = QTableView()
+        self.log_view.setModel(self.log_model)
+        self.log_view.setAccessibleName("Requests served")
+        self.log_view.verticalHeader().hide()
+        self.log_view.setEditTriggers(QTableView.EditTrigger.NoEditTriggers)
+        self.log_view.horizontalHeader().setSectionResizeMode(
+            QHeaderView.ResizeMode.ResizeToContents)
+        self.log_view.horizontalHeader().setStretchLastSection(True)
+        self.clear_log = QPushButton("Clear")
+        self.clear_log.clicked.connect(lambda: self.log_model.removeRows(
+            0, self.log_model.rowCount()))
+        log_box = QGroupBox("Requests")
+        log_layout = QVBoxLayout(log_box)
+        log_layout.addWidget(self.log_view, 1)
+        log_layout.addWidget(self.clear_log, 0, Qt.AlignmentFlag.AlignRight)
+
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(form_box)
+        left_layout.addWidget(exposed_box, 1)
+        right = QSplitter(Qt.Orientation.Vertical)
+        right.addWidget(example_box)
+        right.addWidget(log_box)
+        right.setSizes([260, 300])
+        splitter = QSplitter()
+        splitter.addWidget(left)
+        splitter.addWidget(right)
+        splitter.setStretchFactor(1, 2)
+        layout = QVBoxLayout(self)
+        layout.addWidget(splitter)
+
+        self._restore()
+        for signal in (self.host.currentTextChanged, self.key.textChanged,
+                       self.port.valueChanged):
+            signal.connect(self._settings_changed)
+        self.autostart.toggled.connect(lambda on: self._save(autostart=on))
+        controller.stateChanged.connect(self._state_changed)
+        controller.requestLogged.connect(self.add_log_row)
+        events.catalogChanged.connect(self._catalog_changed)
+        self.reload_models()
+        self._settings_changed()
+        self._state_changed(controller.state, "")
+
+    # ---------------------------------------------------------------- settings
+
+    def host_value(self) -> str:
+        index = self.host.findText(self.host.currentText())
+        if index >= 0 and self.host.itemData(index):
+            return str(self.host.itemData(index))
+        return self.host.currentText().strip()
+
+    def hidden(self) -> set[str]:
+        return {self.exposed.item(i).text() for i in range(self.exposed.count())
+                if self.exposed.item(i).checkState() != Qt.CheckState.Checked}
+
+    def exposed_names(self) -> tuple[str, ...] | None:
+        """What the server offers: None (everything) unless the user unticked some."""
+        hidden = self.hidden()
+        if not hidden:
+            return None
+        return tuple(self.exposed.item(i).text() for i in range(self.exposed.count())
+                     if self.exposed.item(i).text() not in hidden)
+
+    def config(self) -> ServeConfig:
+        """The configuration as typed; raises the engine's refusal (UsageError)."""
+        return ServeConfig(host=self.host_value(), port=self.port.value(),
+                           api_key=self.key.text() or None, variants=self.exposed_names())
+
+    def _settings_changed(self) -> None:
+        try:
+            self.config()
+            self.config_error = None
+        except StudioError as exc:
+            self.config_error = exc.message
+        self._save()
+        self._update()
+        self._render_examples()
+
+    def _restore(self) -> None:
+        s = self.store
+        host = str(s.value("server/host", DEFAULT_HOST) or DEFAULT_HOST)
+        index = next((i for i in range(self.host.count()) if self.host.itemData(i) == host),
+                     -1)
+        if index >= 0:
+            self.host.setCurrentIndex(index)
+        else:
+            self.host.setEditText(host)
+        self.port.setValue(int(s.value("server/port", DEFAULT_PORT) or 0))
+        self.key.setText(str(s.value("server/api_key", "") or ""))
+        self.autostart.setChecked(str(s.value("server/autostart", "false")) == "true")
+        self._hidden_saved = set(json.loads(str(s.value("server/hidden", "[]") or "[]")))
+        self.was_running = str(s.value("server/running", "false")) == "true"
+
+    def _save(self, **extra: Any) -> None:
+        s = self.store
+        s.setValue("server/host", self.host_value())
+        s.setValue("server/port", self.port.value())
+        s.setValue("server/api_key", self.key.text())
+        if self.exposed.count():
+            s.setValue("server/hidden", json.dumps(sorted(self.hidden())))
+        for key, value in extra.items():
+            s.setValue(f"server/{key}", "true" if value else "false")
+        s.sync()
+        # The file holds the API key: the owner's alone.
+        if os.path.exists(s.fileName()):
+            os.chmod(s.fileName(), 0o600)
+
+    def record_running(self) -> None:
+        """At quit: remember whether it was running (shown, not acted on, next time)."""
+        self._save(running=self.controller.running())
+
+    # ---------------------------------------------------------------- models
+
+    def reload_models(self) -> None:
+        try:
+            data = self.catalog.data()
+        except StudioError:
+            return
+        names = sorted(data["variants"], key=str.lower) + sorted(data["models"], key=str.lower)
+        hidden = self.hidden() if self.exposed.count() else self._hidden_saved
+        self.exposed.blockSignals(True)
+        self.exposed.clear()
+        for name in names:
+            item = QListWidgetItem(name)
+            item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
+            item.setCheckState(Qt.CheckState.Unchecked if name in hidden
+                               else Qt.CheckState.Checked)
+            item.setToolTip(("variant" if name in data["variants"] else "base model") +
+                            f" {name}")
+            self.exposed.addItem(item)
+        self.exposed.blockSignals(False)
+        self._reload_example_models()
+
+    def _catalog_changed(self, kinds: list[str], _names: list[str]) -> None:
+        if touches(kinds, ("model", "variant")):
+            self.reload_models()
+            self.controller.expose(self.exposed_names())
+
+    def _exposure_changed(self, _item: QListWidgetItem) -> None:
+        self._save()
+        self.controller.expose(self.exposed_names())
+        self._reload_example_models()
+        self._settings_changed()
+
+    def _reload_example_models(self) -> None:
+        current = self.example_model.currentText()
+        offered = [self.exposed.item(i).text() for i in range(self.exposed.count())
+                   if self.exposed.item(i).checkState() == Qt.CheckState.Checked]
+        self.example_model.blockSignals(True)
+        self.example_model.clear()
+        self.example_model.addItems(offered)
+        if current in offered:
+            self.example_model.setCurrentText(current)
+        self.example_model.blockSignals(False)
+        self._render_examples()
+
+    def select_model(self, name: str) -> None:
+        """The window's selection: the examples follow it when it is offered."""
+        index = self.example_model.findText(name)
+        if index >= 0:
+            self.example_model.setCurrentIndex(index)
+
+    def _example_model_from_list(self) -> None:
+        item = self.exposed.currentItem()
+        if item is not None:
+            self.select_model(item.text())
+
+    # ---------------------------------------------------------------- examples
+
+    def base_url(self) -> str | None:
+        """The URL a client here uses: the running server's, else the configured one
+        (None while the port is 0 and not yet chosen)."""
+        config = self.controller.config if self.controller.running() else None
+        host = config.host if config else self.host_value()
+        port = self.controller.port if self.controller.running() else self.port.value()
+        if not port:
+            return None
+        return f"http://{client_host(host)}:{port}/v1"
+
+    def example_key(self) -> str | None:
+        config = self.controller.config if self.controller.running() else None
+        return config.api_key if config else (self.key.text() or None)
+
+    def _render_examples(self) -> None:
+        model = self.example_model.currentText()
+        url = self.base_url()
+        shown_url = url or "http://127.0.0.1:PORT/v1"
+        if not model:
+            self.curl.setPlainText("")
+            self.python.setPlainText("")
+            self.example_note.setText("Offer a model to see how to call it.")
+            return
+        key = self.example_key()
+        self.curl.setPlainText(curl_example(shown_url, model, key))
+        self.python.setPlainText(python_example(shown_url, model, key))
+        notes = []
+        if url is None:
+            notes.append("PORT is the free port chosen when the server starts.")
+        elif not self.controller.running():
+            notes.append("Start the server to use these.")
+        host = self.controller.config.host if self.controller.running() and \
+            self.controller.config else self.host_value()
+        if not is_loopback(host):
+            notes.append("From another computer, use this computer's address instead of "
+                         "127.0.0.1.")
+        self.example_note.setText(" ".join(notes))
+
+    # ---------------------------------------------------------------- start and stop
+
+    def toggle(self) -> None:
+        if self.controller.running():
+            self.controller.stop()
+        else:
+            self.start()
+
+    def start(self) -> bool:
+        try:
+            config = self.config()
+        except StudioError as exc:
+            self.config_error = exc.message
+            self._update()
+            return False
+        return self.controller.start(config) is not None
+
+    def autostart_if_asked(self) -> None:
+        if self.autostart.isChecked():
+            self.start()
+
+    def _state_changed(self, state: str, detail: str) -> None:
+        if state == "running":
+            self._save(running=True)
+        elif state == "stopped":
+            self._save(running=False)
+        self._update(detail)
+        self._render_examples()
+
+    def _update(self, detail: str | None = None) -> None:
+        if detail is not None:
+            self._detail = detail
+        detail = getattr(self, "_detail", "")
+        state = self.controller.state
+        running = self.controller.running()
+        busy = state in ("starting", "stopping")
+        for widget in (self.host, self.port, self.key, self.generate_key):
+            widget.setEnabled(not running and not busy)
+        self.start_button.setText("Stop server" if running else "Start server")
+        self.start_button.setEnabled(not busy and (running or self.config_error is None))
+        if self.config_error and not running:
+            text, color = self.config_error, "#d23c3c"
+        elif state == "running":
+            text, color = f"Running at {self.controller.url}/v1", "#1f9d55"
+        elif state == "starting":
+            text, color = "Starting…", ""
+        elif state == "stopping":
+            text, color = "Stopping…", ""
+        elif state == "failed":
+            text, color = f"Not started: {detail}", "#d23c3c"
+        else:
+            text = "Stopped."
+            if getattr(self, "was_running", False) and not self.autostart.isChecked():
+                text += (" It was running when Variant Studio closed; it starts by itself "
+                         "only when the box above is ticked.")
+            color = ""
+        self.state_label.setTextFormat(Qt.TextFormat.PlainText)
+        self.state_label.setStyleSheet(f"color:{color}" if color else "")
+        self.state_label.setText(text)
+
+    # ---------------------------------------------------------------- log
+
+    def add_log_row(self, entry: LogEntry) -> None:
+        values = (time.strftime("%H:%M:%S", time.localtime(entry.time)), entry.model,
+                  entry.identity or "—", str(entry.prompt_tokens),
+                  str(entry.completion_tokens), f"{entry.tokens_per_second:.1f}",
+                  str(entry.status))
+        items = []
+        for value in values:
+            item = QStandardItem(value)
+            item.setToolTip(f"{entry.path} · {entry.seconds:.2f} s")
+            items.append(item)
+        if entry.status >= 400:
+            for item in items:
+                item.setForeground(Qt.GlobalColor.red)
+        self.log_model.appendRow(items)
+        while self.log_model.rowCount() > LOG_ROWS:
+            self.log_model.removeRow(0)
+        self.log_view.scrollToBottom()
+
+    def log_rows(self) -> list[list[str]]:
+        return [[self.log_model.item(r, c).text() for c in range(len(COLUMNS))]
+                for r in range(self.log_model.rowCount())]
