@@ -36,6 +36,7 @@ class TextStream(Protocol):
 class Context(Protocol):
     n_ctx: int  # the session's context size (part of its identity)
     tokens: list[int]  # what its KV state holds, in order
+    reused: int  # prompt tokens the last prefill took from the cache
     cancelled: CancelCheck  # checked inside long native work
 
     @property

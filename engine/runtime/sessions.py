@@ -34,6 +34,7 @@ from engine.errors import Cancelled, ContextOverflowError, EngineError, RefusedE
 from engine.formats import artifacts
 from engine.formats.artifacts import AdapterInfo, BaseModelInfo
 from engine.formats.templates import Message, plain_prompt, render
+from engine.runtime import replay
 from engine.runtime.backend import (
     AdapterSet,
     Context,
@@ -302,7 +303,7 @@ class SessionManager:
             if logits is None:
                 return  # more of the prompt to decode: the next step goes on
             side.logits = logits
-            side.reused_tokens = getattr(session.context, "reused", 0)
+            side.reused_tokens = session.context.reused
             start = time.perf_counter()
         token = side.sampler.choose(side.logits, side.prompt + side.tokens)
         row = log_softmax(side.logits)
@@ -547,13 +548,23 @@ class GenerationTask:
         if any(side.finish is None for side in self.sides):
             return None
         if self.kind == "generate":
-            return self.manager._result(self.sides[0])
+            return self._with_replay(self.sides[0])
         variant, base = self.sides
-        results: dict[str, Any] = {"base": self.manager._result(base),
-                                   "variant": self.manager._result(variant)}
+        results: dict[str, Any] = {"base": self._with_replay(base),
+                                   "variant": self._with_replay(variant)}
         results["first_divergence"] = first_divergence(base.tokens, variant.tokens)
         results["adapter_effect"] = self.manager.adapter_effect(base, variant)
         return results
+
+    def _with_replay(self, side: SideState) -> dict[str, Any]:
+        """The side's result with what regenerates it (`engine.runtime.replay`)."""
+        result = self.manager._result(side)
+        model = self.manager.residents[resident_key(side.session.spec)].model
+        texts = [model.token_text(t).decode("utf-8", "replace") for t in side.tokens]
+        result["replay"] = replay.record(side.session.spec, self.prompt, self.sampling,
+                                         side.prompt, side.tokens, texts, result["text"],
+                                         side.finish)
+        return result
 
     def close(self) -> None:
         for side in self.sides:

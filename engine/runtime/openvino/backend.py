@@ -272,6 +272,7 @@ class OvContext:
             self.request.set_tensor(f"lora_b.{index}", ov.Tensor(np.ascontiguousarray(b_all)))
             self.attached += bool(a_parts)
         self.tokens: list[int] = []
+        self.reused = 0  # every prompt is decoded whole (see `prefill`)
         self._beam = np.zeros(1, np.int32)
 
     @property
