@@ -9,7 +9,9 @@ Requests are decoded into the typed messages of `engine.runtime.messages`.
 The engine thread is a small scheduler. Generate and compare requests become
 `GenerationTask`s that advance in turn, one prompt chunk or one token each, so any
 number of requests (the local server's clients, the window's chat and comparison)
-progress together and a long generation never blocks a short one. Quick requests
+progress together and a long generation never blocks a short one. Score requests are
+tasks too (`engine.runtime.scoring.ScoreTask`: one item, prompt chunk or greedy token
+per step), so an evaluation runs beside the chat instead of in front of it. Quick requests
 (`HANDLERS`: ping, describe) are answered at once; work that needs the engine to
 itself (`EXCLUSIVE`: warming a session, a cross-check, a build, closing everything)
 waits until the running tasks have finished, and later requests wait behind it.
@@ -99,7 +101,7 @@ class Host:
     def _engine_loop(self) -> None:
         from engine.runtime.sessions import GenerationTask
 
-        running: list[tuple[Job, GenerationTask]] = []
+        running: list[tuple[Job, Any]] = []  # GenerationTask or ScoreTask
         waiting: list[Job] = []  # behind an exclusive job, in arrival order
         while True:
             # Take every request that arrived; block for one only when nothing runs.
@@ -122,7 +124,7 @@ class Host:
                         break
                     waiting.pop(0)
                     self._run(job, lambda r=request, j=job: EXCLUSIVE[type(r)](self, r, j))
-                elif isinstance(request, m.Generate):
+                elif isinstance(request, m.Generate | m.Score):
                     waiting.pop(0)
                     task = self._start_task(job, request, GenerationTask)
                     if task is not None:
@@ -159,11 +161,17 @@ class Host:
             pass
         return taken
 
-    def _start_task(self, job: Job, request: m.Generate, task_type: Any) -> Any:
+    def _start_task(self, job: Job, request: m.Generate | m.Score, task_type: Any) -> Any:
         kind = "compare" if isinstance(request, m.Compare) else "generate"
         try:
             if job.cancelled():
                 raise Cancelled("cancelled before it started")
+            if isinstance(request, m.Score):
+                # A task like a generation (not EXCLUSIVE): an evaluation of many items
+                # must not stop the chat or the server for minutes (engine.runtime.scoring).
+                from engine.runtime.scoring import ScoreTask
+
+                return ScoreTask(self.manager(), request, self.emitter(job), job.cancelled)
             return task_type(self.manager(), kind, request.spec, request.prompt,
                              request.sampling, self.emitter(job), job.cancelled,
                              request.top_logprobs)

@@ -25,6 +25,8 @@ MAX_MESSAGES = 4096
 MAX_CROSS_CHECK_PROMPTS = 64
 MAX_CROSS_CHECK_TOKENS = 256
 MAX_TOP_LOGPROBS = 20
+MAX_SCORE_ITEMS = 100_000
+SCORE_KINDS = ("text", "pair", "chat")
 
 
 # --------------------------------------------------------------------------- values
@@ -202,8 +204,73 @@ class BuildOpenVino(Request):
         return cls(source)
 
 
+@dataclass(frozen=True)
+class ScoreItem:
+    """One item to score, teacher-forced (see `engine.runtime.scoring`).
+
+    `kind` "text": `target` is a whole text, every token but its first scored. "pair":
+    `prompt.text` (raw text, not scored) then `target`, the completion. "chat":
+    `prompt.messages` rendered with the chat template as served (generation prompt
+    included, no profile system prompt added) then `target`, the last assistant turn.
+    `line` is where the item came from (1-based; 0 when it came from nowhere)."""
+
+    kind: str
+    target: str
+    prompt: Prompt = field(default_factory=Prompt)
+    line: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCORE_KINDS:
+            raise RefusedError(f"score items are {', '.join(SCORE_KINDS)}, not {self.kind!r}")
+        if not isinstance(self.target, str) or not self.target:
+            raise RefusedError("a score item needs text to score")
+        if isinstance(self.line, bool) or not isinstance(self.line, int) or self.line < 0:
+            raise RefusedError("a score item's line is a number")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "target": self.target, "prompt": self.prompt.to_dict(),
+                "line": self.line}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ScoreItem:
+        return ScoreItem(data["kind"], data["target"], Prompt.from_dict(data.get("prompt") or {}),
+                         data.get("line", 0))
+
+
+@dataclass(frozen=True)
+class Score(Request):
+    """Teacher-forced log-probabilities of `items` under the model or variant `spec`:
+    per token, mean NLL per token and perplexity; with `exact_match`, also whether the
+    greedy answer equals each pair's or chat's target. `per_token` includes every
+    scored token's log-probability in the result (off for very large sets)."""
+
+    OP: ClassVar[str] = "score"
+    spec: SessionSpec
+    items: tuple[ScoreItem, ...]
+    exact_match: bool = False
+    per_token: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.items) <= MAX_SCORE_ITEMS:
+            raise RefusedError(f"score needs 1 to {MAX_SCORE_ITEMS} items")
+
+    def to_params(self) -> dict[str, Any]:
+        return {"spec": self.spec.to_dict(), "items": [i.to_dict() for i in self.items],
+                "exact_match": self.exact_match, "per_token": self.per_token}
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> Score:
+        items = params.get("items")
+        if not isinstance(items, list):
+            raise RefusedError("items must be a list")
+        return cls(SessionSpec.from_dict(params["spec"]),
+                   tuple(ScoreItem.from_dict(i) for i in items[:MAX_SCORE_ITEMS + 1]),
+                   bool(params.get("exact_match")), bool(params.get("per_token", True)))
+
+
 REQUESTS: dict[str, type[Request]] = {cls.OP: cls for cls in (
-    Ping, Describe, CloseAll, Abort, Open, Generate, Compare, CrossCheck, BuildOpenVino)}
+    Ping, Describe, CloseAll, Abort, Open, Generate, Compare, CrossCheck, BuildOpenVino,
+    Score)}
 
 
 def decode_request(op: str, params: Any) -> Request:
