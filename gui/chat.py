@@ -8,29 +8,55 @@ answer is kept in the conversation it was asked in, even when the user moves on 
 another model or chat before it ends (the old request is stopped). The backend picker
 follows catalog changes (`CatalogEvents`): an imported, converted or removed part can
 change which backends can serve the model.
+
+What a chat app is expected to do: conversations can be renamed (double-click or F2),
+searched and exported (Markdown, JSON); a sent message can be edited and sent again (a
+branch: the old path is kept as another version of that place), an answer regenerated
+(a new seed unless the sampling is greedy) with its versions kept (‹ 1/2 ›); each chat
+has its own system prompt and sampling ("Chat settings", saved with the conversation).
+Answers are Markdown (`gui.markdown`: highlighted code, a Copy link per block). An
+empty chat says what the model is for.
 """
 
 from __future__ import annotations
 
 import html
+import random
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QEvent, QObject, Qt, Signal, Slot
-from PySide6.QtGui import QGuiApplication, QKeyEvent, QStandardItem, QStandardItemModel
+from PySide6.QtCore import QEvent, QObject, Qt, QUrl, Signal, Slot
+from PySide6.QtGui import (
+    QDesktopServices,
+    QGuiApplication,
+    QKeyEvent,
+    QPalette,
+    QStandardItem,
+    QStandardItemModel,
+)
 from PySide6.QtWidgets import (
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
     QHBoxLayout,
     QLabel,
+    QLineEdit,
     QListView,
     QPlainTextEdit,
     QPushButton,
+    QSpinBox,
     QSplitter,
     QTextBrowser,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from engine.catalog import resolve
+from engine.catalog import entries, resolve
+from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
@@ -41,12 +67,35 @@ from engine.state.conversations import ChatMessage, Conversation
 from gui.backend_picker import LABELS, BackendPicker
 from gui.catalog_events import CatalogEvents, touches
 from gui.engine_client import QtEngineClient, Reply
-from gui.render import markdown_html
+from gui.markdown import render
+from gui.widgets.elided_label import ElidedLabel
 
 ConversationId = Qt.ItemDataRole.UserRole + 1
+LINK = "text-decoration:none"
+# The per-chat sampling the panel offers (the rest stays the profile's).
+CHAT_SAMPLING = ("temperature", "top_p", "max_tokens", "seed")
 
 
-def message_html(message: ChatMessage) -> str:
+def _link(href: str, text: str, tip: str = "") -> str:
+    title = f" title='{html.escape(tip)}'" if tip else ""
+    return f"<a href='{href}' style='{LINK}'{title}>{text}</a>"
+
+
+def message_html(message: ChatMessage, index: int | None = None, dark: bool = False,
+                 code: list[str] | None = None, last: bool = False) -> str:
+    """One message; with `index`, its actions as links (edit, versions, copy, and
+    regenerate on the last answer); code blocks' texts are appended to `code`."""
+    actions = []
+    if index is not None and message.versions() > 1:
+        actions.append(_link(f"prev:{index}", "‹", "Previous version") +
+                       f" {message.version + 1}/{message.versions()} " +
+                       _link(f"next:{index}", "›", "Next version"))
+    if index is not None and message.role == "user":
+        actions.append(_link(f"edit:{index}", "Edit", "Edit and send again (a new branch)"))
+    if index is not None and message.role == "assistant" and message.content:
+        actions.append(_link(f"copymsg:{index}", "Copy", "Copy this answer"))
+        if last:
+            actions.append(_link("regenerate:", "Regenerate", "A new answer (new seed)"))
     if message.role == "user":
         head = "<b>You</b>"
     else:
@@ -57,12 +106,73 @@ def message_html(message: ChatMessage) -> str:
             if message.identity else ""
         speed = f" · {message.tokens_per_second:.1f} tok/s" \
             if message.tokens_per_second else ""
-        head = f"<b>{label}</b><span style='color:#888'>{ident}{speed}</span>"
-    body = markdown_html(message.content) if message.content else \
-        "<span style='color:#888'>…</span>"
+        seed = f" · seed {message.seed}" if message.seed is not None else ""
+        cut = " · cut at max tokens" if message.finish_reason == "length" else ""
+        head = f"<b>{label}</b><span style='color:#888'>{ident}{speed}{seed}{cut}</span>"
+    if actions:
+        head += "<span style='color:#888'> &nbsp; " + " · ".join(actions) + "</span>"
+    if message.content:
+        rendered = render(message.content, dark, len(code) if code is not None else 0,
+                          copy_links=code is not None)
+        if code is not None:
+            code.extend(rendered.code)
+        body = rendered.html
+    else:
+        body = "<span style='color:#888'>…</span>"
     error = (f"<div style='color:#d23c3c'>{html.escape(message.error)}</div>"
              if message.error else "")
     return f"<div style='margin:8px 0'>{head}<div>{body}</div>{error}</div>"
+
+
+def purpose_html(catalog: Catalog, name: str) -> str:
+    """What a model is for, for its empty chat: the variant's description, or its
+    system prompt and its adapters' source and training."""
+    try:
+        kind, record = catalog.find(name)
+    except StudioError:
+        return ""
+    esc = html.escape
+    parts = []
+    if record.get("description"):
+        parts.append(esc(str(record["description"])))
+    if kind == "model":
+        meta = record.get("metadata") or {}
+        arch = esc(str(meta.get("architecture", "?")))
+        parts.append(f"<b>{esc(name)}</b> is a base model ({arch}, "
+                     f"{esc(str(meta.get('file_type', '')))}) with no adapter: the "
+                     "reference every variant of it is compared with.")
+    else:
+        adapters = ", ".join(f"{esc(a['name'])} at scale {a['scale']:g}"
+                             for a in record.get("adapters", []))
+        parts.append(f"<b>{esc(name)}</b> is {esc(record['base'])} with {adapters}.")
+        system = (record.get("profile") or {}).get("system_prompt")
+        if system:
+            parts.append(f"Its system prompt: <i>“{esc(system)}”</i>")
+        for a in record.get("adapters", []):
+            try:
+                adapter = catalog.adapter(a["name"])
+            except StudioError:
+                continue
+            facts = []
+            if adapter.get("source"):
+                facts.append(esc(str(adapter["source"])))
+            provenance = adapter.get("provenance")
+            if isinstance(provenance, dict) and provenance:
+                try:
+                    lines = entries.provenance_lines(provenance)
+                except (KeyError, TypeError, ValueError, AttributeError):
+                    lines = []
+                for line in lines:
+                    key, _, value = line.partition(": ")
+                    if key == "data_sha256" and "(" in value:
+                        facts.append("trained on " + esc(value[value.index("(") + 1:]
+                                                         .rstrip(")")))
+                    elif key in ("method", "loss"):
+                        facts.append(f"{esc(key)} {esc(value)}")
+            if facts:
+                parts.append(f"Adapter {esc(a['name'])}: " + "; ".join(facts) + ".")
+    return ("<div style='color:#888;margin:24px 8px'>" + "<br><br>".join(parts) +
+            "<br><br>Ask it something below.</div>")
 
 
 class _EnterToSend(QObject):
@@ -96,36 +206,117 @@ class ChatView(QWidget):
         self._stream_text = ""
         self._stream_start = 0
         self._started = 0.0
+        self._sampling: Sampling | None = None  # of the answer being generated
+        # A regenerated answer becomes a new version at this place of this conversation.
+        self._branch: tuple[int, Conversation] | None = None
+        self._editing: int | None = None  # the user message being edited, if any
+        self._code: list[str] = []  # the code blocks shown, for their Copy links
 
         self.list_model = QStandardItemModel(self)
         self.list = QListView()
         self.list.setModel(self.list_model)
-        self.list.setEditTriggers(QListView.EditTrigger.NoEditTriggers)
+        # Renamed in place: double-click or F2.
+        self.list.setEditTriggers(QListView.EditTrigger.DoubleClicked |
+                                  QListView.EditTrigger.EditKeyPressed)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)  # long titles end in "…"
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setAccessibleName("Conversations")
         self.list.selectionModel().currentChanged.connect(self._pick_conversation)
+        self.list_model.itemChanged.connect(self._renamed)
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search chats…")
+        self.search.setClearButtonEnabled(True)
+        self.search.setAccessibleName("Search conversations")
+        self.search.textChanged.connect(lambda _t: self._reload_list())
         self.new_button = QPushButton("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.new_button.clicked.connect(self.new_chat)
         self.delete_button = QPushButton("Delete")
         self.delete_button.clicked.connect(self.delete_chat)
+        self.rename_button = QPushButton("Rename")
+        self.rename_button.setToolTip("Rename this conversation (F2)")
+        self.rename_button.clicked.connect(self.rename_chat)
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip("Save this conversation as Markdown or JSON")
+        self.export_button.clicked.connect(lambda: self.export_chat())
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
         buttons = QHBoxLayout()
         buttons.addWidget(self.new_button)
         buttons.addWidget(self.delete_button)
+        more = QHBoxLayout()
+        more.addWidget(self.rename_button)
+        more.addWidget(self.export_button)
         left_layout.addLayout(buttons)
+        left_layout.addWidget(self.search)
         left_layout.addWidget(self.list)
+        left_layout.addLayout(more)
 
-        self.header = QLabel("Choose a model or variant to chat with.")
+        self.header = ElidedLabel("Choose a model or variant to chat with.")
         self.backend = BackendPicker()
         self.backend.activated.connect(lambda _i: self._render_header())
         self.transcript = QTextBrowser()
         self.transcript.setOpenExternalLinks(False)
+        self.transcript.setOpenLinks(False)
+        self.transcript.setAccessibleName("Conversation")
+        self.transcript.anchorClicked.connect(self._anchor)
         self.input = QPlainTextEdit()
         self.input.setPlaceholderText("Message…  (Enter to send, Shift+Enter for a new line)")
         self.input.setMaximumHeight(110)
+        self.input.setAccessibleName("Message")
+        self.editing_label = QLabel()
+        self.editing_label.setStyleSheet("color:#c07a00")
+        self.cancel_edit = QPushButton("Cancel edit")
+        self.cancel_edit.clicked.connect(self.stop_editing)
+        editing_row = QHBoxLayout()
+        editing_row.addWidget(self.editing_label, 1)
+        editing_row.addWidget(self.cancel_edit)
+        self.editing_label.hide()
+        self.cancel_edit.hide()
+
+        # This chat's own system prompt and sampling (None: the profile's).
+        self.settings_toggle = QToolButton()
+        self.settings_toggle.setText("Chat settings")
+        self.settings_toggle.setCheckable(True)
+        self.settings_toggle.setToolTip("This conversation's system prompt and sampling")
+        self.settings_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.settings_toggle.setArrowType(Qt.ArrowType.RightArrow)
+        self.settings_toggle.toggled.connect(self._toggle_settings)
+        self.settings_box = QGroupBox("This chat (saved with it)")
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setMaximumHeight(70)
+        self.system_prompt.setAccessibleName("System prompt of this chat")
+        self.chat_temperature = QDoubleSpinBox()
+        self.chat_temperature.setRange(0.0, 5.0)
+        self.chat_temperature.setSingleStep(0.1)
+        self.chat_temperature.setToolTip("0 = greedy (the same answer every time)")
+        self.chat_top_p = QDoubleSpinBox()
+        self.chat_top_p.setRange(0.0, 1.0)
+        self.chat_top_p.setSingleStep(0.05)
+        self.chat_max_tokens = QSpinBox()
+        self.chat_max_tokens.setRange(1, 32768)
+        self.chat_seed = QSpinBox()
+        self.chat_seed.setRange(0, 2**31 - 1)
+        self.reset_settings = QPushButton("Use the model's profile")
+        self.reset_settings.clicked.connect(self._reset_settings)
+        settings_form = QFormLayout(self.settings_box)
+        settings_form.addRow("System prompt", self.system_prompt)
+        sampling_row = QHBoxLayout()
+        for label, widget in (("temperature", self.chat_temperature),
+                              ("top-p", self.chat_top_p),
+                              ("max tokens", self.chat_max_tokens), ("seed", self.chat_seed)):
+            sampling_row.addWidget(QLabel(label))
+            sampling_row.addWidget(widget)
+        sampling_row.addStretch(1)
+        sampling_row.addWidget(self.reset_settings)
+        settings_form.addRow(sampling_row)
+        self.settings_box.hide()
+        self._loading_settings = False
+        self.system_prompt.textChanged.connect(self._settings_edited)
+        for spin in (self.chat_temperature, self.chat_top_p, self.chat_max_tokens,
+                     self.chat_seed):
+            spin.valueChanged.connect(self._settings_edited)
         self._enter = _EnterToSend(self.send)
         self.input.installEventFilter(self._enter)
         self.send_button = QPushButton("Send")
@@ -137,7 +328,8 @@ class ChatView(QWidget):
         self.regen_button.clicked.connect(self.regenerate)
         self.copy_button = QPushButton("Copy answer")
         self.copy_button.clicked.connect(self.copy_last)
-        self.status = QLabel("")
+        # Elided, never wider than it is given: a long line cannot move the splitters.
+        self.status = ElidedLabel("")
         row = QHBoxLayout()
         row.addWidget(self.status, 1)
         for button in (self.copy_button, self.regen_button, self.stop_button,
@@ -148,10 +340,13 @@ class ChatView(QWidget):
         right_layout.setContentsMargins(0, 0, 0, 0)
         top = QHBoxLayout()
         top.addWidget(self.header, 1)
+        top.addWidget(self.settings_toggle)
         top.addWidget(QLabel("served by"))
         top.addWidget(self.backend)
         right_layout.addLayout(top)
+        right_layout.addWidget(self.settings_box)
         right_layout.addWidget(self.transcript, 1)
+        right_layout.addLayout(editing_row)
         right_layout.addWidget(self.input)
         right_layout.addLayout(row)
         self.splitter = QSplitter()
@@ -174,10 +369,11 @@ class ChatView(QWidget):
         self._abandon()
         self.model_name = name
         self.backend.set_target(self.catalog, name)
+        self.conversation = None
         self._reload_list()
         if name is None:
-            self.conversation = None
             self._render()
+            self._footer()
             return
         existing = conversations.list_all(name)
         self.open_conversation(existing[0] if existing else conversations.new(name))
@@ -197,23 +393,96 @@ class ChatView(QWidget):
             self._render_header()
 
     def _reload_list(self) -> None:
+        self.list_model.blockSignals(True)
         self.list_model.clear()
+        self.list_model.blockSignals(False)
         if self.model_name is None:
             return
-        for conv in conversations.list_all(self.model_name):
+        query = self.search.text().strip()
+        found = [c for c in conversations.list_all(self.model_name)
+                 if not query or c.matches(query)]
+        self.list_model.blockSignals(True)
+        for conv in found:
             item = QStandardItem(conv.title)
             item.setData(conv.id, ConversationId)
             item.setToolTip(f"{conv.title}\n" + time.strftime(
                 "%Y-%m-%d %H:%M", time.localtime(conv.updated_at)))
             self.list_model.appendRow(item)
+        if query and not found:
+            item = QStandardItem("no matches")
+            item.setFlags(Qt.ItemFlag.NoItemFlags)
+            self.list_model.appendRow(item)
+        self.list_model.blockSignals(False)
+        self.list.viewport().update()
+        if self.conversation is not None:
+            self._select_in_list(self.conversation.id)
+
+    def _select_in_list(self, conversation_id: str) -> None:
+        for row in range(self.list_model.rowCount()):
+            item = self.list_model.item(row)
+            if item.data(ConversationId) == conversation_id:
+                self.list.selectionModel().blockSignals(True)
+                self.list.setCurrentIndex(item.index())
+                self.list.selectionModel().blockSignals(False)
+
+    def _renamed(self, item: QStandardItem) -> None:
+        conv_id = item.data(ConversationId)
+        if not conv_id:
+            return
+        loaded = self.conversation if self.conversation and self.conversation.id == conv_id \
+            else conversations.load(conv_id)
+        if loaded is None:
+            return
+        renamed = loaded.renamed(item.text())
+        conversations.save(renamed)
+        if self.conversation is not None and self.conversation.id == conv_id:
+            self.conversation = renamed
+        self._reload_list()
+
+    def rename_chat(self, title: str | None = None) -> None:
+        """Rename the current conversation: to `title`, or in place in the list."""
+        if self.conversation is None:
+            return
+        if title is not None:
+            self.conversation = self.conversation.renamed(title)
+            conversations.save(self.conversation)
+            self._reload_list()
+            return
+        if not self.conversation.messages:
+            self._save(force=True)  # an empty chat is listed once it is named
+        for row in range(self.list_model.rowCount()):
+            item = self.list_model.item(row)
+            if item.data(ConversationId) == self.conversation.id:
+                self.list.setFocus()
+                self.list.edit(item.index())
+
+    def export_chat(self, path: str | None = None) -> str | None:
+        """Save the conversation as Markdown (.md) or JSON (.json); returns the path."""
+        if self.conversation is None:
+            return None
+        if path is None:
+            stem = "".join(c if c.isalnum() or c in "-_ " else "_"
+                           for c in self.conversation.title).strip() or "chat"
+            path, chosen = QFileDialog.getSaveFileName(
+                self, "Export conversation", f"{stem}.md",
+                "Markdown (*.md);;JSON (*.json)")
+            if not path:
+                return None
+            if not Path(path).suffix:
+                path += ".json" if chosen.startswith("JSON") else ".md"
+        text = self.conversation.to_json() if path.lower().endswith(".json") else \
+            self.conversation.to_markdown()
+        Path(path).write_text(text, encoding="utf-8")
+        self.status.setText(f"exported to {path}")
+        return path
 
     def open_conversation(self, conversation: Conversation) -> None:
         self.conversation = conversation
+        self.stop_editing()
+        self._load_settings()
         self._render()
-        for row in range(self.list_model.rowCount()):
-            item = self.list_model.item(row)
-            if item.data(ConversationId) == conversation.id:
-                self.list.setCurrentIndex(item.index())
+        self._footer()
+        self._select_in_list(conversation.id)
 
     def _pick_conversation(self, current: Any, _previous: Any) -> None:
         if not current.isValid() or self.reply:
@@ -221,10 +490,13 @@ class ChatView(QWidget):
         conv_id = current.data(ConversationId)
         if self.conversation and conv_id == self.conversation.id:
             return
-        loaded = conversations.load(conv_id)
+        loaded = conversations.load(conv_id) if conv_id else None
         if loaded:
             self.conversation = loaded
+            self.stop_editing()
+            self._load_settings()
             self._render()
+            self._footer()
 
     def new_chat(self) -> None:
         if self.model_name is None:
@@ -242,10 +514,89 @@ class ChatView(QWidget):
         model, self.model_name = self.model_name, None
         self.set_model(model)
 
-    def _save(self) -> None:
-        if self.conversation is not None and self.conversation.messages:
+    def _save(self, force: bool = False) -> None:
+        if self.conversation is not None and (self.conversation.messages or force):
             conversations.save(self.conversation)
             self._reload_list()
+
+    def _footer(self) -> None:
+        """The footer of the conversation on show: its last answer's figures, or
+        nothing (never another model's or chat's)."""
+        last = next((m for m in reversed(self.conversation.messages)
+                     if m.role == "assistant"), None) if self.conversation else None
+        if last is None or self.reply is not None:
+            self.status.setText("")
+            return
+        parts = [last.model or "", f"{(last.identity or '')[:12]}"]
+        if last.tokens_per_second:
+            parts.append(f"{last.tokens_per_second:.1f} tok/s")
+        if last.error:
+            parts.append(last.error)
+        self.status.setText("last answer: " + " · ".join(p for p in parts if p))
+
+    # ---------------------------------------------------------------- chat settings
+
+    def _toggle_settings(self, shown: bool) -> None:
+        self.settings_box.setVisible(shown)
+        self.settings_toggle.setArrowType(Qt.ArrowType.DownArrow if shown
+                                          else Qt.ArrowType.RightArrow)
+
+    def _profile_sampling(self) -> tuple[str, Sampling] | None:
+        if self.model_name is None:
+            return None
+        try:
+            profile = resolve.profile(self.catalog, self.model_name)
+            return (str(profile.get("system_prompt") or ""),
+                    resolve.sampling(self.catalog, self.model_name))
+        except StudioError:
+            return None
+
+    def _load_settings(self) -> None:
+        """Show the conversation's settings (the profile's where it has none)."""
+        defaults = self._profile_sampling()
+        if defaults is None or self.conversation is None:
+            return
+        system, sampling = defaults
+        own = self.conversation.sampling or {}
+        self._loading_settings = True
+        self.system_prompt.setPlaceholderText(system or "no system prompt")
+        self.system_prompt.setPlainText(self.conversation.system_prompt
+                                        if self.conversation.system_prompt is not None
+                                        else system)
+        self.chat_temperature.setValue(float(own.get("temperature", sampling.temperature)))
+        self.chat_top_p.setValue(float(own.get("top_p", sampling.top_p)))
+        self.chat_max_tokens.setValue(int(own.get("max_tokens", sampling.max_tokens)))
+        self.chat_seed.setValue(int(own.get("seed", sampling.seed)))
+        self._loading_settings = False
+        custom = self.conversation.system_prompt is not None or bool(own)
+        self.settings_toggle.setText("Chat settings (custom)" if custom else "Chat settings")
+
+    def _settings_edited(self) -> None:
+        if self._loading_settings or self.conversation is None:
+            return
+        defaults = self._profile_sampling()
+        if defaults is None:
+            return
+        system, sampling = defaults
+        values = {"temperature": round(self.chat_temperature.value(), 4),
+                  "top_p": round(self.chat_top_p.value(), 4),
+                  "max_tokens": self.chat_max_tokens.value(), "seed": self.chat_seed.value()}
+        # Only what differs from the profile is the chat's own: a later profile edit
+        # still reaches the settings the user did not touch.
+        own = {k: v for k, v in values.items() if v != getattr(sampling, k)}
+        typed = self.system_prompt.toPlainText()
+        self.conversation = self.conversation.with_settings(
+            typed if typed != system else None, own)
+        self._save(force=True)
+        custom = self.conversation.system_prompt is not None or bool(own)
+        self.settings_toggle.setText("Chat settings (custom)" if custom else "Chat settings")
+
+    def _reset_settings(self) -> None:
+        if self.conversation is None:
+            return
+        self.conversation = self.conversation.with_settings(None, None)
+        self._save(force=True)
+        self._load_settings()
 
     # ---------------------------------------------------------------- rendering
 
@@ -256,10 +607,21 @@ class ChatView(QWidget):
             self._update_buttons()
             return
         self._render_header()
-        self.transcript.setHtml("".join(message_html(m) for m in self.conversation.messages))
+        self._code = []
+        messages = self.conversation.messages
+        last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+        busy = self.reply is not None
+        body = "".join(message_html(m, None if busy else i, self._dark(), self._code,
+                                    last=i == last) for i, m in enumerate(messages))
+        if not messages and not busy:
+            body = purpose_html(self.catalog, self.model_name)
+        self.transcript.setHtml(body)
         self.transcript.verticalScrollBar().setValue(
             self.transcript.verticalScrollBar().maximum())
         self._update_buttons()
+
+    def _dark(self) -> bool:
+        return self.palette().color(QPalette.ColorRole.Base).lightness() < 128
 
     def _render_header(self) -> None:
         if self.model_name is None:
@@ -268,11 +630,11 @@ class ChatView(QWidget):
             # The identity the next answer will have: the same spec `_start` sends
             # (a base's context size comes from Settings, the backend from the picker).
             short = self._spec().identity.short
-            self.header.setText(f"<b>{html.escape(self.model_name)}</b> "
-                                f"<span style='color:#888'>identity {short}</span>")
+            self.header.setText(f"{self.model_name} · identity {short}")
+            self.header.setStyleSheet("font-weight:bold")
         except StudioError as exc:
-            self.header.setText(f"<b>{html.escape(self.model_name)}</b> "
-                                f"<span style='color:#d23c3c'>{html.escape(exc.message)}</span>")
+            self.header.setText(f"{self.model_name} · {exc.message}")
+            self.header.setStyleSheet("font-weight:bold;color:#d23c3c")
 
     def _update_buttons(self) -> None:
         busy = self.reply is not None
@@ -284,6 +646,11 @@ class ChatView(QWidget):
         self.copy_button.setEnabled(any(m.role == "assistant" and m.content
                                         for m in messages))
         self.input.setEnabled(has_model)
+        has_chat = self.conversation is not None
+        self.rename_button.setEnabled(has_chat and not busy)
+        self.export_button.setEnabled(bool(messages))
+        self.delete_button.setEnabled(has_chat and not busy)
+        self.settings_box.setEnabled(has_chat and not busy)
 
     # ---------------------------------------------------------------- generation
 
@@ -292,22 +659,90 @@ class ChatView(QWidget):
         if not text or self.model_name is None or self.conversation is None or self.reply:
             return
         self.input.clear()
-        self.conversation = self.conversation.with_messages(
-            (*self.conversation.messages, ChatMessage("user", text)))
+        editing, self._editing = self._editing, None
+        self.stop_editing()
+        if editing is not None and editing < len(self.conversation.messages):
+            # Edited and sent again: a new branch from that message; the old path stays
+            # as another version of it.
+            self.conversation = self.conversation.branch(editing, (ChatMessage("user", text),))
+        else:
+            self.conversation = self.conversation.with_messages(
+                (*self.conversation.messages, ChatMessage("user", text)))
         self._save()
         self._start()
 
+    def edit_message(self, index: int) -> None:
+        """Put user message `index` in the composer; sending it makes a branch."""
+        if self.conversation is None or self.reply or \
+                not 0 <= index < len(self.conversation.messages) or \
+                self.conversation.messages[index].role != "user":
+            return
+        self._editing = index
+        self.input.setPlainText(self.conversation.messages[index].content)
+        self.editing_label.setText(f"Editing message {index + 1}: Send makes a new branch "
+                                   "(the old one is kept as a version).")
+        self.editing_label.show()
+        self.cancel_edit.show()
+        self.input.setFocus()
+
+    def stop_editing(self) -> None:
+        if self._editing is not None:
+            self.input.clear()
+        self._editing = None
+        self.editing_label.hide()
+        self.cancel_edit.hide()
+
     def regenerate(self) -> None:
+        """A new answer to the last question, kept beside the old one (‹ 1/2 ›), with a
+        new seed unless the sampling is greedy (which would give the same answer)."""
         if self.conversation is None or self.reply:
             return
-        messages = list(self.conversation.messages)
-        while messages and messages[-1].role == "assistant":
-            messages.pop()
-        if not messages:
+        messages = self.conversation.messages
+        index = len(messages)
+        while index > 0 and messages[index - 1].role == "assistant":
+            index -= 1
+        if index == 0:
             return
-        self.conversation = self.conversation.with_messages(tuple(messages))
+        if index < len(messages):
+            self._branch = (index, self.conversation)
+            self.conversation = replace(self.conversation, messages=messages[:index])
+        self._start(fresh_seed=True)
+
+    def switch_version(self, index: int, step: int) -> None:
+        if self.conversation is None or self.reply or \
+                not 0 <= index < len(self.conversation.messages):
+            return
+        message = self.conversation.messages[index]
+        target = message.version + step
+        if not 0 <= target < message.versions():
+            return
+        self.conversation = self.conversation.switch(index, target)
         self._save()
-        self._start()
+        self._render()
+        self._footer()
+
+    def _anchor(self, url: QUrl) -> None:
+        """The transcript's links: actions on a message, a code block's Copy, links."""
+        scheme, _, rest = url.toString().partition(":")
+        try:
+            number = int(rest) if rest else -1
+        except ValueError:
+            number = -1
+        if scheme == "copy" and 0 <= number < len(self._code):
+            QGuiApplication.clipboard().setText(self._code[number])
+            self.status.setText("code copied")
+        elif scheme == "copymsg" and self.conversation and \
+                0 <= number < len(self.conversation.messages):
+            QGuiApplication.clipboard().setText(self.conversation.messages[number].content)
+            self.status.setText("answer copied")
+        elif scheme == "edit":
+            self.edit_message(number)
+        elif scheme in ("prev", "next"):
+            self.switch_version(number, -1 if scheme == "prev" else 1)
+        elif scheme == "regenerate":
+            self.regenerate()
+        elif scheme in ("http", "https"):
+            QDesktopServices.openUrl(url)
 
     def _spec(self) -> SessionSpec:
         """What the current model is served as: this spec is sent, its identity shown."""
@@ -317,30 +752,47 @@ class ChatView(QWidget):
         n_ctx = settings.load().context_size if kind == "model" else None
         return resolve.resolve(self.catalog, self.model_name, n_ctx, self.backend.backend())
 
-    def _start(self) -> None:
+    def sampling(self, fresh_seed: bool = False) -> Sampling:
+        """The next answer's sampling: the profile's with this chat's own settings, and
+        a new seed for a regenerate (unless greedy: the seed changes nothing then)."""
+        assert self.model_name is not None
+        own = {k: v for k, v in ((self.conversation.sampling or {}) if self.conversation
+                                 else {}).items() if k in CHAT_SAMPLING}
+        sampling = resolve.sampling(self.catalog, self.model_name, **own)
+        if fresh_seed and not sampling.greedy:
+            sampling = replace(sampling, seed=random.randrange(2**31))
+        return sampling
+
+    def _start(self, fresh_seed: bool = False) -> None:
         assert self.conversation is not None and self.model_name is not None
         history = tuple(Message(m.role, m.content)
                         for m in self.conversation.messages if not m.error)
         try:
             spec = self._spec()
-            sampling = resolve.sampling(self.catalog, self.model_name)
+            sampling = self.sampling(fresh_seed)
         except StudioError as exc:
+            self._sampling = None
             self._append_answer("", error=exc.message)
             self._render()
             return
-        self._render()
+        self._sampling = sampling
+        system = self.conversation.system_prompt  # None: the profile's (in the spec)
         self._stream_text = ""
+        self._started = time.perf_counter()
+        reply = self.client.submit(Generate(spec, Prompt(messages=history, chat=True,
+                                                         system=system), sampling))
+        self.reply = reply  # before rendering: no actions on messages while it runs
+        self._render()
         cursor = self.transcript.textCursor()
         cursor.movePosition(cursor.MoveOperation.End)
+        # The answer streams into a block of its own: inserted at the end of the last
+        # block, its header would be glued to the user's text until it is re-rendered.
+        cursor.insertBlock()
         self._stream_start = cursor.position()
-        self._started = time.perf_counter()
-        reply = self.client.submit(Generate(spec, Prompt(messages=history, chat=True),
-                                            sampling))
         reply.tokens.connect(self._on_tokens)
         reply.finished.connect(self._on_finished)
         reply.failed.connect(self._on_failed)
         reply.cancelled.connect(self._on_cancelled)
-        self.reply = reply
         self.status.setText("generating…")
         self._render_stream()
         self._update_buttons()
@@ -372,7 +824,7 @@ class ChatView(QWidget):
         cursor.movePosition(cursor.MoveOperation.End, cursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
         cursor.insertHtml(message_html(ChatMessage("assistant", self._stream_text,
-                                                   model=self.model_name)))
+                                                   model=self.model_name), dark=self._dark()))
         bar = self.transcript.verticalScrollBar()
         bar.setValue(bar.maximum())
 
@@ -395,18 +847,31 @@ class ChatView(QWidget):
             "assistant", text, model=self.model_name,
             identity=(result or {}).get("identity"),
             tokens_per_second=(result or {}).get("tokens_per_second"), error=error,
-            backend=(result or {}).get("backend"))
-        self.conversation = self.conversation.with_messages(
-            (*self.conversation.messages, message))
+            backend=(result or {}).get("backend"),
+            seed=self._sampling.seed if self._sampling else None,
+            finish_reason=(result or {}).get("finish_reason"))
+        branch, self._branch = self._branch, None
+        if branch is not None and branch[1].id == self.conversation.id:
+            index, before = branch
+            self.conversation = replace(before, system_prompt=self.conversation.system_prompt,
+                                        sampling=self.conversation.sampling
+                                        ).branch(index, (message,))
+        else:
+            self.conversation = self.conversation.with_messages(
+                (*self.conversation.messages, message))
         self._save()
 
     @Slot(object)
     def _on_finished(self, result: Any) -> None:
         self._append_answer(result["text"], result=result)
-        self.status.setText(f"{result['name']} · {LABELS.get(result['backend'], '?')} · "
+        # The name asked for: the engine reports its session's, which is shared by every
+        # name of one identity (two variants with the same parts).
+        finish = result["finish_reason"]
+        self.status.setText(f"{self.model_name} · {LABELS.get(result['backend'], '?')} · "
                             f"{result['identity'][:12]} · "
                             f"{result['tokens_per_second']:.1f} tok/s · "
-                            f"{len(result['token_ids'])} tokens · {result['finish_reason']}")
+                            f"{len(result['token_ids'])} tokens · "
+                            + ("cut at max tokens" if finish == "length" else finish))
         self._finish()
         self.answered.emit()
 

@@ -1,0 +1,111 @@
+"""Model output as safe, readable HTML for Qt's rich text: Markdown (CommonMark with
+tables and strikethrough, by markdown-it-py), code blocks highlighted by Pygments, a
+"Copy" link per code block.
+
+Safety first: raw HTML in the text is never markup (markdown-it's `html` option is
+off, so it is escaped), images are shown as their alt text and never loaded (a
+QTextBrowser would read a local file named by the model), and links keep only the
+schemes markdown-it validates (no `javascript:`); the views open http(s) links only.
+
+Why markdown-it-py rather than `QTextDocument.setMarkdown`: Qt's importer gives no hook
+to highlight a code block or put a button beside it, and its output cannot be marked
+(the comparison marks the first differing token inside the rendered text). markdown-it-py
+is a maintained CommonMark implementation whose renderer rules are overridable.
+`render` takes `marks`: private-use characters that survive rendering, which a view
+turns into formats after the HTML is in its document (`gui.compare`).
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from markdown_it import MarkdownIt
+from pygments import highlight
+from pygments.formatters import HtmlFormatter
+from pygments.lexers import TextLexer, get_lexer_by_name
+from pygments.util import ClassNotFound
+
+CODE_STYLE = ("background:rgba(127,127,127,0.16);padding:6px;"
+              "font-family:monospace;white-space:pre-wrap")
+INLINE_CODE = "<code style='font-family:monospace'>"
+LIGHT_STYLE, DARK_STYLE = "default", "monokai"
+MAX_HIGHLIGHT = 200_000  # characters: larger blocks are shown plain (Pygments is linear,
+# but a megabyte of spans makes QTextDocument slow to lay out)
+
+
+@dataclass
+class Rendered:
+    html: str
+    code: list[str] = field(default_factory=list)  # each code block's text, in order
+
+
+def _parser() -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "breaks": True, "typographer": False})
+    md.enable("table").enable("strikethrough")
+    return md
+
+
+_MD = _parser()
+
+
+def _highlight(code: str, language: str, dark: bool) -> str:
+    if not language or len(code) > MAX_HIGHLIGHT:
+        return html.escape(code)
+    try:
+        lexer = get_lexer_by_name(language, stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        lexer = TextLexer()
+    formatter = HtmlFormatter(nowrap=True, noclasses=True,
+                              style=DARK_STYLE if dark else LIGHT_STYLE)
+    out = highlight(code, lexer, formatter)
+    return out[:-1] if out.endswith("\n") and not code.endswith("\n") else out
+
+
+def render(text: str, dark: bool = False, first_block: int = 0,
+           copy_links: bool = True) -> Rendered:
+    """HTML for `text`; code blocks are numbered from `first_block` ("copy:N" links)."""
+    result = Rendered("")
+    renderer: Any = _MD.renderer
+
+    def fence(tokens: list, idx: int, _options: Any, _env: Any) -> str:
+        token = tokens[idx]
+        language = (token.info or "").strip().split(" ")[0][:32]
+        code = token.content
+        if code.endswith("\n"):
+            code = code[:-1]
+        number = first_block + len(result.code)
+        result.code.append(code)
+        label = html.escape(language) if language else "code"
+        link = (f" · <a href='copy:{number}'>Copy</a>" if copy_links else "")
+        return (f"<p style='margin:6px 0 0 0;color:#888;font-size:small'>{label}{link}</p>"
+                f"<pre style='{CODE_STYLE}'>{_highlight(code, language, dark)}</pre>\n")
+
+    def code_inline(tokens: list, idx: int, _options: Any, _env: Any) -> str:
+        return f"{INLINE_CODE}{html.escape(tokens[idx].content)}</code>"
+
+    def image(tokens: list, idx: int, _options: Any, _env: Any) -> str:
+        token = tokens[idx]
+        alt = "".join(child.content for child in token.children or []) or "image"
+        return f"[{html.escape(alt)}]"
+
+    rules = {"fence": fence, "code_block": fence, "code_inline": code_inline,
+             "image": image}
+    saved = {name: renderer.rules.get(name) for name in rules}
+    renderer.rules.update(rules)
+    try:
+        body = _MD.render(text)
+    finally:
+        renderer.rules.update(saved)
+    # Qt's rich text: <strong>/<em> work, but <b> and <i> are what older tests and
+    # QTextDocument round-trips use; tables get a border to be readable.
+    body = (body.replace("<strong>", "<b>").replace("</strong>", "</b>")
+            .replace("<table>", "<table border='1' cellspacing='0' cellpadding='4' "
+                     "style='border-collapse:collapse'>"))
+    result.html = f"<div>{body}</div>"
+    return result
+
+
+def markdown_html(text: str, dark: bool = False) -> str:
+    return render(text, dark, copy_links=False).html

@@ -1,0 +1,204 @@
+"""The chat a person would keep open, offscreen, on the real engine: the streaming
+answer in a block of its own, regenerate with a new seed (unless greedy) keeping the
+versions, edit and resend as a branch, a per-chat system prompt and sampling saved with
+the conversation, rename / search / export, a Copy link per code block, fresh footers,
+and an empty chat that says what the variant is for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QGuiApplication
+
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.curated import setup
+from engine.curated.demo import ADAPTER_NAME, VARIANT_NAME
+from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
+from engine.runtime.messages import Generate
+from engine.state import conversations
+from engine.state.conversations import ChatMessage
+from gui.main_window import MainWindow
+from tests.gui_helpers import LONG, SHORT
+
+WARM = {"temperature": 0.9, "max_tokens": 6, "repeat_penalty": 1.0, "seed": 5}
+GREEDY = {"temperature": 0.0, "max_tokens": 6, "repeat_penalty": 1.0, "seed": 5}
+
+
+@pytest.fixture
+def win(studio_home: Path, qtbot):
+    catalog = Catalog()
+    setup.first_run(catalog, with_demo=True)
+    catalog.add_variant("warm", BASE, [AdapterSpec(ADAPTER_NAME, 0.5)], WARM)
+    catalog.add_variant("cold", BASE, [AdapterSpec(ADAPTER_NAME, 0.5)], GREEDY)
+    window = MainWindow()
+    qtbot.addWidget(window)
+    window.show()
+    sent: list[Generate] = []
+    submit = window.client.submit
+
+    def recording(request):  # noqa: ANN001, ANN202
+        if isinstance(request, Generate):
+            sent.append(request)
+        return submit(request)
+
+    window.client.submit = recording
+    window.sent = sent
+    yield window
+    window.close()
+
+
+def answer(win: MainWindow, qtbot, action) -> ChatMessage:  # noqa: ANN001
+    with qtbot.waitSignal(win.chat.answered, timeout=LONG):
+        action()
+    return win.chat.conversation.messages[-1]
+
+
+def ask(win: MainWindow, qtbot, text: str) -> ChatMessage:
+    win.chat.input.setPlainText(text)
+    return answer(win, qtbot, win.chat.send)
+
+
+def blocks(browser) -> list[str]:  # noqa: ANN001
+    out, block = [], browser.document().begin()
+    while block.isValid():
+        out.append(block.text())
+        block = block.next()
+    return out
+
+
+@pytest.mark.slow
+def test_regenerate_streams_apart_gets_a_new_seed_and_keeps_versions(win: MainWindow,
+                                                                     qtbot) -> None:
+    chat = win.chat
+    win.open_chat("warm")
+    question = "Name a colour."
+    seen: list[list[str]] = []
+
+    def on_tokens(*_args) -> None:  # noqa: ANN002
+        if not seen:
+            seen.append(blocks(chat.transcript))
+
+    chat.input.setPlainText(question)
+    with qtbot.waitSignal(chat.answered, timeout=LONG):
+        chat.send()
+        chat.reply.tokens.connect(on_tokens)
+    # While it streamed, the user's text was a block of its own, not glued to the
+    # answer's header.
+    assert seen and question in seen[0]
+    assert any(b.startswith("warm") for b in seen[0])
+    first = chat.conversation.messages[-1]
+    assert first.seed == 5 and win.sent[-1].sampling.seed == 5
+
+    second = answer(win, qtbot, chat.regenerate)
+    third = answer(win, qtbot, chat.regenerate)
+    seeds = [r.sampling.seed for r in win.sent]
+    assert len(set(seeds)) == 3 and (second.seed, third.seed) == tuple(seeds[1:])
+    assert [m.role for m in chat.conversation.messages] == ["user", "assistant"]
+    assert (third.version, third.versions()) == (2, 3)
+    assert "‹ 3/3 ›" in chat.transcript.toPlainText()
+    chat.transcript.anchorClicked.emit(QUrl("prev:1"))
+    chat.transcript.anchorClicked.emit(QUrl("prev:1"))
+    shown = chat.conversation.messages[1]
+    assert (shown.content, shown.seed) == (first.content, 5)
+    assert "‹ 1/3 ›" in chat.transcript.toPlainText()
+    # Kept with the conversation.
+    assert conversations.load(chat.conversation.id).messages[1].versions() == 3
+
+    # Greedy: the seed would change nothing, so it is the profile's.
+    win.open_chat("cold")
+    ask(win, qtbot, question)
+    answer(win, qtbot, chat.regenerate)
+    assert [r.sampling.seed for r in win.sent[-2:]] == [5, 5]
+    # Another model's figures never stay in the footer.
+    assert "cold" in chat.status.text()
+    win.select(BASE)
+    assert chat.model_name == BASE and chat.status.text() == ""
+
+
+@pytest.mark.slow
+def test_edit_branches_and_the_chat_keeps_its_own_settings(win: MainWindow, qtbot,
+                                                           tmp_path: Path) -> None:
+    chat = win.chat
+    win.open_chat("cold")
+    ask(win, qtbot, "Say hello.")
+    ask(win, qtbot, "Say goodbye.")
+    chat.transcript.anchorClicked.emit(QUrl("edit:0"))
+    assert chat.input.toPlainText() == "Say hello." and chat.editing_label.isVisible()
+    chat.input.setPlainText("Say hi.")
+    answer(win, qtbot, chat.send)
+    messages = chat.conversation.messages
+    assert [m.content for m in messages if m.role == "user"] == ["Say hi."]
+    assert (messages[0].version, messages[0].versions()) == (1, 2)
+    assert [m.content for m in win.sent[-1].prompt.messages] == ["Say hi."]
+    chat.switch_version(0, -1)
+    assert [m.content for m in chat.conversation.messages if m.role == "user"] == \
+        ["Say hello.", "Say goodbye."]
+
+    # This chat's own settings: sent with the next answer, saved with the chat.
+    chat.settings_toggle.click()
+    chat.system_prompt.setPlainText("Answer in French.")
+    chat.chat_max_tokens.setValue(3)
+    conversation_id = chat.conversation.id
+    ask(win, qtbot, "Say thanks.")
+    request = win.sent[-1]
+    assert request.prompt.system == "Answer in French." and request.sampling.max_tokens == 3
+    assert len(chat.conversation.messages[-1].content) > 0
+    saved = conversations.load(conversation_id)
+    assert saved.system_prompt == "Answer in French." and saved.sampling == {"max_tokens": 3}
+    assert chat.settings_toggle.text() == "Chat settings (custom)"
+
+    # Rename, search, export.
+    chat.rename_chat("Greetings")
+    assert chat.list_model.item(0).text() == "Greetings"
+    chat.search.setText("goodbye")
+    assert [chat.list_model.item(r).text() for r in range(chat.list_model.rowCount())] == \
+        ["Greetings"]
+    chat.search.setText("no-such-words")
+    assert chat.list_model.item(0).text() == "no matches"
+    chat.search.setText("")
+    md = Path(chat.export_chat(str(tmp_path / "chat.md"))).read_text(encoding="utf-8")
+    assert md.startswith("# Greetings\n") and "## You\n\nSay thanks." in md
+    data = json.loads(Path(chat.export_chat(str(tmp_path / "chat.json"))).read_text())
+    assert data["id"] == conversation_id and data["system_prompt"] == "Answer in French."
+
+    # After a restart: the same conversation, its settings shown again.
+    win.close()
+    again = MainWindow()
+    qtbot.addWidget(again)
+    again.show()
+    again.open_chat("cold")
+    qtbot.waitUntil(lambda: again.chat.conversation is not None, timeout=SHORT)
+    again.chat.open_conversation(conversations.load(conversation_id))
+    assert again.chat.system_prompt.toPlainText() == "Answer in French."
+    assert again.chat.chat_max_tokens.value() == 3
+    again.close()
+
+
+def test_code_blocks_have_copy_links_and_an_empty_chat_says_what_it_is_for(
+        window: MainWindow, qtbot) -> None:
+    chat = window.chat
+    window.open_chat(VARIANT_NAME)
+    chat.new_chat()
+    text = chat.transcript.toPlainText()
+    assert "Its system prompt" in text and "Reply with one JSON tool call" in text
+    assert "trained on train.jsonl" in text and "loss" in text
+
+    reply = ("Two blocks:\n\n```python\nprint('a')\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+             "```\nplain text\n```")
+    conversation = conversations.new(VARIANT_NAME).with_messages((
+        ChatMessage("user", "code?"),
+        ChatMessage("assistant", reply, model=VARIANT_NAME, identity="f" * 64)))
+    conversations.save(conversation)
+    chat.open_conversation(conversation)
+    assert chat._code == ["print('a')", "plain text"]
+    page = chat.transcript.toHtml()
+    assert 'href="copy:0"' in page and 'href="copy:1"' in page and "<table" in page
+    chat.transcript.anchorClicked.emit(QUrl("copy:1"))
+    assert QGuiApplication.clipboard().text() == "plain text"
+    # Highlighted: the keyword has a colour of its own.
+    cursor = chat.transcript.document().find("print")
+    assert cursor.charFormat().foreground().color().name() != \
+        chat.transcript.document().find("Two").charFormat().foreground().color().name()
