@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from engine.catalog import health, resolve, validation
+from engine.catalog import evaluation, health, resolve, validation
 from engine.catalog.store import BACKENDS, Catalog, now_iso
 from engine.errors import StudioError, UnknownNameError
 
@@ -91,6 +91,9 @@ def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, 
             out[key] = record["metadata"].get(key)
         if "provenance" in record:
             out["provenance"] = record["provenance"]
+        found = evaluation.report(catalog, name)
+        if found is not None:  # its evaluation set and the latest scores on it
+            out["evaluation"] = found
         out["files"] = adapter_files(catalog, name)
         for backend, item in out["files"].items():
             if item.get("cross_check"):  # the last parity run's findings, warnings included
@@ -114,6 +117,10 @@ def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, 
         ident = resolve.identity(catalog, name)
         out["identity_detail"] = ident.to_dict()
         out["backends"] = variant_backends(catalog, name, pending)
+        # The evaluation sets of its adapters: this variant's and the bases' scores.
+        models = set(catalog.data()["models"]) | {name}
+        out["evaluation"] = [found for a in record["adapters"]
+                             if (found := evaluation.report(catalog, a["name"], models))]
     out["kind"] = kind
     return out
 

@@ -24,6 +24,7 @@ from engine.cli import (
     export_cmds,
     health_cmds,
     run_cmds,
+    score_cmds,
     serve_cmds,
     train_cmds,
 )
@@ -48,6 +49,9 @@ COMMANDS: dict[str, Command] = {
     "train": train_cmds.cmd_train,
     "serve": serve_cmds.cmd_serve,
     "export": export_cmds.cmd_export,
+    "score": score_cmds.cmd_score,
+    "eval": score_cmds.cmd_eval,
+    "replay": score_cmds.cmd_replay,
 }
 READ_ONLY = frozenset({"list", "show", "status", "doctor"})
 FRONTENDS = "variant_studio.frontends"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.catalog import entries, imports, resolve
+from engine.catalog import entries, evaluation, imports, resolve
 from engine.catalog.store import AdapterSpec, Catalog
 from engine.cli.output import ICONS, build_progress, emit_json, progress
 from engine.curated import embedded, openvino_default, setup
@@ -25,6 +25,9 @@ def ensure_openvino_default(catalog: Catalog, args: argparse.Namespace) -> None:
 def command_uses_openvino_default(catalog: Catalog, args: argparse.Namespace) -> bool:
 
     command, action = args.command, getattr(args, "action", None)
+    if command == "score":  # several names: as if each were generated from alone
+        return any(command_uses_openvino_default(catalog, argparse.Namespace(
+            command="generate", name=name, backend=args.backend)) for name in args.names)
     if command == "model":
         return action == "openvino-default"
     named = {getattr(args, "name", None), getattr(args, "base", None)}
@@ -138,7 +141,7 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
         return 0
     print(f"{entry['kind']} {entry['name']}")
     skip = {"name", "kind", "checks", "metadata", "identity_detail", "provenance", "profile",
-            "files", "backends"}
+            "files", "backends", "evaluation"}
     pending = entry.get("built") is False
     if pending:  # the OpenVINO default before its first use: say how it gets built
         print(f"  not built yet: {entry['how']}")
@@ -162,6 +165,16 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
                   + ", ".join(f"{a['name']} sha256 {a['sha256'][:12]}" for a in item["adapters"]))
         else:
             print(f"  on {backend}: not available ({item['reason']})")
+    found = entry.get("evaluation")
+    for item in [found] if isinstance(found, dict) else found or []:
+        print(f"  evaluation set{'' if isinstance(found, dict) else ' of ' + item['adapter']}: "
+              f"{item['file']} ({item['rows']} items, {item['kind']}, sha256 "
+              f"{item['sha256'][:12]}…, attached {item['attached_at']})")
+        for model, per_backend in item["scores"].items():
+            for backend, score in per_backend.items():
+                print(f"    {evaluation.score_line(model, backend, score)}")
+        if not item["scores"]:
+            print("    no scores yet (variant-studio score NAME --data FILE)")
     for section in ("metadata", "profile", "provenance"):
         if isinstance(entry.get(section), dict):
             print(f"  {section}:")

@@ -81,7 +81,43 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _serve_parser(sub)
     _export_parser(sub)
+    _score_parser(sub)
     return parser
+
+
+def _score_parser(sub: Any) -> None:
+    score = sub.add_parser("score", help="score models and variants on a data file: "
+                           "teacher-forced mean NLL per token, perplexity and exact match, "
+                           "through the served numerics")
+    score.add_argument("names", nargs="+", metavar="NAME",
+                       help="base models and variants to score, in one engine process")
+    score.add_argument("--data", required=True, type=Path, metavar="FILE",
+                       help="JSONL in the training formats (text: every token; "
+                            "prompt+completion: the completion; messages: the last "
+                            "assistant turn), or any other file as text, one item per "
+                            "non-empty line")
+    score.add_argument("--backend", choices=BACKENDS,
+                       help=f"score on this backend, {BACKEND_HELP} (default: each "
+                            "model's own)")
+    score.add_argument("--no-exact-match", action="store_false", dest="exact_match",
+                       help="skip exact match (the greedy answer of each prompt+completion "
+                            "and messages item)")
+    score.add_argument("--json", action="store_true",
+                       help="print every result as JSON, with per-token log-probabilities")
+    ev = sub.add_parser("eval", help="evaluation sets of adapters").add_subparsers(
+        dest="action", required=True, parser_class=Parser)
+    attach = ev.add_parser("attach", help="keep a copy of a data file as an adapter's "
+                           "evaluation set (its latest scores are shown by `show`)")
+    attach.add_argument("adapter", help="the adapter the set belongs to")
+    attach.add_argument("--data", required=True, type=Path, metavar="FILE",
+                        help="the data file (as for `score`; checked line by line)")
+    attach.add_argument("--json", action="store_true", help="print the recorded set as JSON")
+    replay = sub.add_parser("replay", help="regenerate a recorded answer with the same "
+                            "identity, settings and seed, and say whether it is identical")
+    replay.add_argument("file", type=Path, metavar="ANSWER.json",
+                        help="the output of `generate --json`, a local server response, "
+                             "or a replay object")
+    replay.add_argument("--json", action="store_true", help="print the verdict as JSON")
 
 
 def _serve_parser(sub: Any) -> None:

@@ -35,9 +35,11 @@ def cmd_generate(catalog: Catalog, args: argparse.Namespace) -> int:
 
     result = run_once(request(messages.Generate, catalog, args), None if args.json else stream)
     if args.json:
-        emit_json({k: result[k] for k in ("text", "token_ids", "identity",
-                                            "tokens_per_second", "logprobs", "finish_reason",
-                                            "name", "backend", "prompt_tokens")})
+        # `replay` is what `variant-studio replay` regenerates the answer from.
+        emit_json({**{k: result[k] for k in ("text", "token_ids", "identity",
+                                              "tokens_per_second", "logprobs", "finish_reason",
+                                              "name", "backend", "prompt_tokens")},
+                   "replay": result["replay"]})
     else:
         sys.stdout.write("\n")
         print(f"[{result['name']} · {result['backend']} · {result['identity'][:12]} · "

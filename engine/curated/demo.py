@@ -7,11 +7,12 @@ that adds it to a new catalog.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import digest, imports
+from engine.catalog import digest, evaluation, imports
 from engine.catalog.store import AdapterSpec, Catalog
 from engine.curated import embedded
 from engine.errors import StudioError
@@ -35,6 +36,7 @@ DEMO_PROFILE: dict[str, Any] = {"system_prompt": SYSTEM_PROMPT, "temperature": 0
 SHIPPED_ADAPTER = "adapter.gguf"
 SHIPPED_PROVENANCE = "provenance.json"
 SHIPPED_PEFT = "peft"
+SHIPPED_HELDOUT = "heldout.jsonl"  # attached to the adapter as its evaluation set
 
 
 def resources_dir() -> Path:
@@ -73,4 +75,21 @@ def seed_catalog(catalog: Catalog) -> bool:
             pass
         add_notice(f"the shipped demo could not be added: {exc}")
         return False
+    attach_heldout(catalog)
     return True
+
+
+def attach_heldout(catalog: Catalog) -> None:
+    """Give the demo adapter its held-out set as its evaluation set (the 60 requests
+    docs/training.md scores). The file is ours: its rows are counted here, and
+    tests/test_scoring.py checks it with the training data's parser."""
+    source = resources_dir() / SHIPPED_HELDOUT
+    try:
+        raw = source.read_bytes()
+        rows = sum(1 for line in raw.split(b"\n") if line.strip())
+        summary = evaluation.SetSummary("jsonl", hashlib.sha256(raw).hexdigest(), rows, "chat")
+        evaluation.attach_trusted(catalog, ADAPTER_NAME, source, summary,
+                                  "shipped demo held-out set (resources/demo/heldout.jsonl)")
+    except (StudioError, OSError) as exc:  # the demo stays; only its set is missing
+        add_notice(f"the demo's held-out set could not be attached: {exc}")
+

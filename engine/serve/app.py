@@ -314,11 +314,17 @@ class Reply:
             choice = {"index": 0, "message": {"role": "assistant", "content": result["text"]},
                       "logprobs": logprobs, "finish_reason": finish}
             return {**self._head("chat.completion"), "choices": [choice],
-                    "usage": self.usage(result)}
+                    "usage": self.usage(result), **self.extra(result)}
         choice = {"index": 0, "text": result["text"], "logprobs": logprobs,
                   "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice],
-                "usage": self.usage(result)}
+                "usage": self.usage(result), **self.extra(result)}
+
+    @staticmethod
+    def extra(result: dict[str, Any]) -> dict[str, Any]:
+        """Our own field (OpenAI clients keep unknown ones): what `variant-studio replay`
+        regenerates this answer from."""
+        return {"variant_studio": {"replay": result.get("replay")}}
 
     def _logprobs(self, tokens: list[m.Token]) -> dict[str, Any]:
         if self.chat:
