@@ -83,6 +83,11 @@ def read_only() -> Iterator[None]:
         _read_only.reset(token)
 
 
+def is_read_only() -> bool:
+    """Inside `read_only()`: nothing may be written to the caches."""
+    return _read_only.get()
+
+
 def hash_uncached(
     path: Path,
     progress: Progress | None = None,

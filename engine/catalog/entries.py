@@ -9,10 +9,13 @@ first use) are not records: the caller passes them in as `pending` (see
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 from engine.catalog import evaluation, health, resolve, validation
+from engine.catalog.signatures import Verdict, check_row
+from engine.catalog.signatures import entry as signature_entry
 from engine.catalog.store import BACKENDS, Catalog, now_iso
 from engine.errors import StudioError, UnknownNameError
 
@@ -42,6 +45,12 @@ def _public(record: dict[str, Any]) -> dict[str, Any]:
     keys = ("name", "kind", "backend", "format", "sha256", "path", "curated", "source",
             "installed_at", "size", "base", "verified", "default_scale")
     return {k: record[k] for k in keys if k in record}
+
+
+def _signature_row(catalog: Catalog, name: str) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """An adapter's `signature` field and its check row (none: unsigned under off)."""
+    found = signature_entry(catalog, name)
+    return found, check_row(Verdict.from_dict(found), found["required"], found["policy"])
 
 
 def variant_entry(catalog: Catalog, record: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +103,9 @@ def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, 
         found = evaluation.report(catalog, name)
         if found is not None:  # its evaluation set and the latest scores on it
             out["evaluation"] = found
+        out["signature"], row = _signature_row(catalog, name)
+        if row is not None:
+            out["checks"].append(row)
         out["files"] = adapter_files(catalog, name)
         for backend, item in out["files"].items():
             if item.get("cross_check"):  # the last parity run's findings, warnings included
@@ -115,6 +127,11 @@ def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, 
             checks.append(validation.check_scale(a["scale"]).to_dict())
         out["checks"] = checks
         ident = resolve.identity(catalog, name)
+        for a in record["adapters"]:
+            with contextlib.suppress(StudioError):
+                row = _signature_row(catalog, a["name"])[1]
+                if row is not None:
+                    checks.append({**row, "name": f"signature {a['name']}"})
         out["identity_detail"] = ident.to_dict()
         out["backends"] = variant_backends(catalog, name, pending)
         # The evaluation sets of its adapters: this variant's and the bases' scores.

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import digest, validation
+from engine.catalog import digest, signatures, validation
 from engine.catalog.resolve import counterpart
 from engine.catalog.store import BACKENDS, Catalog, now_iso
 from engine.errors import Cancelled, RefusedError, StudioError, UnknownNameError, UsageError
@@ -95,14 +95,25 @@ class Staged:
     report: validation.Report
     sha256: str
     config_sha256: str | None
+    provenance: dict[str, Any] | None = None  # arrived with a signature (signed bytes)
+    signature: signatures.Verdict | None = None  # when the policy or a signature asked
 
 
 def _stage_adapter(file: Path, staging_root: Path, final: Path, base_record: dict[str, Any],
                    base_info: BaseModelInfo, *, strict: bool,
                    provenance: dict[str, Any] | None, progress: digest.Progress | None,
-                   cancelled: digest.CancelCheck | None) -> Staged:
+                   cancelled: digest.CancelCheck | None,
+                   signature_check: Callable[[Path, dict[str, Any] | None,
+                                              dict[str, str]],
+                                             signatures.Verdict | None] | None = None
+                   ) -> Staged:
     """The one import pipeline: inspect, copy, validate and hash the copy, rename to
-    `final`. Refusal, error or cancel leave nothing behind."""
+    `final`. Refusal, error or cancel leave nothing behind.
+
+    A signature in the source's folder comes along with its signed provenance.json
+    (`signatures.take_signed_files`); `signature_check(staging, provenance, digests)`
+    then applies the signature policy to the staged copy before it is renamed into
+    place (a refusal raises there)."""
     file = Path(file).expanduser().absolute()
     first = artifacts.inspect_path(file)  # fail fast, before copying anything
     if isinstance(first, BaseModelInfo):
@@ -113,7 +124,8 @@ def _stage_adapter(file: Path, staging_root: Path, final: Path, base_record: dic
     try:
         # Three passes over the bytes (copy, value scan, hash), one progress bar.
         stored = _copy_adapter(first, staging, _phase(progress, 0, 3), cancelled)
-        if provenance is not None:
+        arrived = signatures.take_signed_files(Path(first.path).parent, staging, provenance)
+        if provenance is not None and not (staging / signatures.PROVENANCE_FILE).exists():
             write_json_atomic(staging / "provenance.json", provenance)
         info = artifacts.inspect_path(stored)  # validate the bytes we will serve
         if not isinstance(info, AdapterInfo):
@@ -128,6 +140,13 @@ def _stage_adapter(file: Path, staging_root: Path, final: Path, base_record: dic
         sha = digest.sha256_file(Path(info.path), _phase(progress, 2, 3), cancelled)
         config_sha = (digest.sha256_file(Path(info.config_path), cancelled=cancelled)
                       if info.config_path else None)
+        verdict = None
+        if signature_check is not None:
+            expect = {Path(info.path).name: sha}
+            if config_sha:
+                expect["adapter_config.json"] = config_sha
+            verdict = signature_check(staging, provenance if provenance is not None
+                                      else arrived, expect)
         if final.exists():
             shutil.rmtree(final)  # a leftover from an interrupted removal
         staging.rename(final)
@@ -135,7 +154,8 @@ def _stage_adapter(file: Path, staging_root: Path, final: Path, base_record: dic
         shutil.rmtree(staging, ignore_errors=True)
         raise
     _keep_digests(info, final)
-    return Staged(final, final / Path(info.path).name, info, report, sha, config_sha)
+    return Staged(final, final / Path(info.path).name, info, report, sha, config_sha,
+                  arrived, verdict)
 
 
 def _record_or_discard(catalog: Catalog, mutate: Callable[[dict], dict], stored: Path) -> None:
@@ -166,7 +186,10 @@ def add_adapter(
 
     A `provenance` record is stored in the catalog and as `provenance.json` beside
     the stored file. `shipped` adapters (the app's own demo) are stored under
-    `<data>/shipped/` rather than `<data>/adapters/`.
+    `<data>/shipped/` rather than `<data>/adapters/`. The catalog's signature policy
+    applies (`signatures.check_import`): a signature arrives as `signature.sig` in the
+    source's folder, with the signed `provenance.json` beside it; curated adapters
+    need a valid signature by the shipped release key.
     """
     paths.check_name(name, "adapter name")
     catalog.check_free(name)
@@ -176,10 +199,20 @@ def add_adapter(
     if not status.ok:
         raise RefusedError(f"base {base}: {status.detail}")
     store_root = paths.data_dir() / ("shipped" if shipped else "adapters")
+    policy = signatures.policy(catalog)
+
+    def signature_check(folder: Path, arrived: dict[str, Any] | None,
+                        expect: dict[str, str]) -> signatures.Verdict | None:
+        return signatures.check_import(catalog, name, folder, curated=curated,
+                                       provenance=arrived, expect=expect)
+
     staged = _stage_adapter(file, store_root, store_root / name, base_record,
                             catalog.base_info(base_record), strict=strict or curated,
-                            provenance=provenance, progress=progress, cancelled=cancelled)
+                            provenance=provenance, progress=progress, cancelled=cancelled,
+                            signature_check=signature_check)
     info = staged.info
+    if provenance is None:
+        provenance = staged.provenance
     record = {
         "name": name,
         "kind": "adapter",
@@ -202,6 +235,10 @@ def add_adapter(
     }
     if provenance is not None:
         record["provenance"] = provenance
+    if staged.signature is not None:
+        if staged.signature.status != "unsigned":
+            record["signature"] = signatures.import_record(staged.signature)
+        record["checks"].append(signatures.import_check_row(staged.signature, policy))
 
     def insert(data: dict) -> dict:
         _check_cancelled(cancelled, name)  # under the lock: cancelled means not added
@@ -215,7 +252,8 @@ def add_adapter(
 
 def add_adapter_file(catalog: Catalog, name: str, base: str, file: Path,
                      source: str | None = None, progress: digest.Progress | None = None,
-                     cancelled: digest.CancelCheck | None = None) -> dict[str, Any]:
+                     cancelled: digest.CancelCheck | None = None,
+                     extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Give adapter `name` a file for another backend, validated against `base`.
 
     The file is copied into `<store>/NAME/<backend>/`, checked there against `base`
@@ -244,6 +282,7 @@ def add_adapter_file(catalog: Catalog, name: str, base: str, file: Path,
         "base": base, "base_sha256": base_record["sha256"],
         "metadata": staged.info.summary(), "checks": staged.report.to_list(),
     }
+    entry.update(extra or {})  # how a converted file was made (converted_from)
 
     def insert(data: dict) -> dict:
         _check_cancelled(cancelled, name)
@@ -271,18 +310,24 @@ def convert_adapter(catalog: Catalog, name: str, backend: str, base: str | None 
     if target is None:
         raise RefusedError(f"{record['base']} has no counterpart on {backend}")
     meta = own_base["metadata"]
+    # How it is made, recorded so the engine can make it again from the signed file
+    # and compare (a conversion is covered by its source's signature).
+    made = {"sha256": record["sha256"], "n_head": int(meta["head_count"]),
+            "n_head_kv": int(meta["head_count_kv"]),
+            "architecture": str(meta.get("architecture") or "llama"),
+            "rebase": [own_base["sha256"], catalog.model(target)["sha256"]]}
     paths.adapter_store(name).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".convert-", dir=paths.adapter_store(name)) as tmp:
         _check_cancelled(cancelled, name)
         converted = lora_io.convert_file(
             Path(record["path"]), Path(tmp) / ("peft" if backend == "openvino"
                                               else "adapter.gguf"),
-            int(meta["head_count"]), int(meta["head_count_kv"]),
-            str(meta.get("architecture") or "llama"),
-            rebase=(own_base["sha256"], catalog.model(target)["sha256"]))
+            made["n_head"], made["n_head_kv"], made["architecture"],
+            rebase=(made["rebase"][0], made["rebase"][1]))
         return add_adapter_file(catalog, name, target, converted,
                                 f"converted from {name} ({record['format']}, sha256 "
-                                f"{record['sha256'][:16]}…)", progress, cancelled)
+                                f"{record['sha256'][:16]}…)", progress, cancelled,
+                                extra={"converted_from": made})
 
 
 # --------------------------------------------------------------------------- helpers

@@ -12,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.catalog import signatures
 from engine.catalog.identity import AdapterRef, ContextConfig, Identity, runtime_version
 from engine.catalog.profiles import DEFAULT_PROFILE, Sampling
+from engine.catalog.signatures import AdapterSigning, TrustedKey
 from engine.catalog.store import BACKENDS, AdapterSpec, Catalog
 from engine.errors import RefusedError, StudioError, UsageError
 
@@ -25,6 +27,22 @@ class AdapterFile:
     sha256: str
     scale: float
     config_sha256: str | None = None
+    # What the engine checks of its signature before serving it (None: nothing).
+    signing: AdapterSigning | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "path": self.path, "sha256": self.sha256,
+                               "scale": self.scale, "config_sha256": self.config_sha256}
+        if self.signing is not None:
+            out["signing"] = self.signing.to_dict()
+        return out
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> AdapterFile:
+        fields = dict(data)
+        signing = fields.pop("signing", None)
+        return AdapterFile(**fields, signing=AdapterSigning.from_dict(signing)
+                           if signing is not None else None)
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,10 @@ class SessionSpec:
     base_path: str
     adapters: tuple[AdapterFile, ...]
     system_prompt: str
+    # The catalog's signature policy and the public keys the engine verifies with
+    # (only sent when an adapter's signature is to be checked).
+    policy: str = "off"
+    trusted: tuple[TrustedKey, ...] = ()
 
     @property
     def backend(self) -> str:
@@ -50,8 +72,9 @@ class SessionSpec:
         return {
             "name": self.name, "kind": self.kind, "identity": self.identity.to_dict(),
             "base_name": self.base_name, "base_path": self.base_path,
-            "adapters": [a.__dict__ for a in self.adapters],
-            "system_prompt": self.system_prompt,
+            "adapters": [a.to_dict() for a in self.adapters],
+            "system_prompt": self.system_prompt, "policy": self.policy,
+            "trusted": [k.to_dict() for k in self.trusted],
         }
 
     @staticmethod
@@ -61,8 +84,9 @@ class SessionSpec:
         return SessionSpec(
             name=data["name"], kind=data["kind"], identity=Identity.from_dict(ident),
             base_name=data["base_name"], base_path=data["base_path"],
-            adapters=tuple(AdapterFile(**a) for a in data["adapters"]),
-            system_prompt=data["system_prompt"],
+            adapters=tuple(AdapterFile.from_dict(a) for a in data["adapters"]),
+            system_prompt=data["system_prompt"], policy=str(data.get("policy", "off")),
+            trusted=tuple(TrustedKey.from_dict(k) for k in data.get("trusted") or ()),
         )
 
 
@@ -77,15 +101,24 @@ def resolve(catalog: Catalog, name: str, n_ctx: int | None = None,
     ident = identity(catalog, name, n_ctx, backend)
     base = catalog.model(serving_base(catalog, name, backend))
     adapters: tuple[AdapterFile, ...] = ()
+    policy = signatures.policy(catalog)
+    trusted: tuple[TrustedKey, ...] = ()
     if kind == "variant":
+        records = [catalog.adapter(a["name"]) for a in record["adapters"]]
+        if policy != "off" or any(r.get("curated") for r in records):
+            trusted = tuple(signatures.trusted_keys())
         adapters = tuple(
             AdapterFile(a["name"], stored["path"], stored["sha256"], a["scale"],
-                        stored.get("config_sha256"))
-            for a in record["adapters"]
+                        stored.get("config_sha256"),
+                        signatures.session_signing(own, base["backend"], policy,
+                                                    trusted))
+            for a, own in zip(record["adapters"], records, strict=True)
             for stored in (catalog.adapter_file(a["name"], base["backend"]),)
         )
+        if not any(a.signing for a in adapters):
+            trusted = ()
     return SessionSpec(name, kind, ident, base["name"], base["path"], adapters,
-                       profile(catalog, name).get("system_prompt", ""))
+                       profile(catalog, name).get("system_prompt", ""), policy, trusted)
 
 
 def profile(catalog: Catalog, name: str) -> dict[str, Any]:

@@ -23,10 +23,12 @@ from engine.cli import (
     catalog_cmds,
     export_cmds,
     health_cmds,
+    lineage_cmds,
     run_cmds,
     score_cmds,
     serve_cmds,
     train_cmds,
+    trust_cmds,
 )
 from engine.cli.parser import build_parser
 from engine.curated import setup
@@ -49,11 +51,17 @@ COMMANDS: dict[str, Command] = {
     "train": train_cmds.cmd_train,
     "serve": serve_cmds.cmd_serve,
     "export": export_cmds.cmd_export,
+    "key": trust_cmds.cmd_key,
+    "trust": trust_cmds.cmd_trust,
+    "sign": trust_cmds.cmd_sign,
+    "verify": trust_cmds.cmd_verify,
+    "policy": trust_cmds.cmd_policy,
+    "lineage": lineage_cmds.cmd_lineage,
     "score": score_cmds.cmd_score,
     "eval": score_cmds.cmd_eval,
     "replay": score_cmds.cmd_replay,
 }
-READ_ONLY = frozenset({"list", "show", "status", "doctor"})
+READ_ONLY = frozenset({"list", "show", "status", "doctor", "verify", "lineage"})
 FRONTENDS = "variant_studio.frontends"
 
 

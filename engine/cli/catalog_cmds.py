@@ -142,6 +142,7 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
     print(f"{entry['kind']} {entry['name']}")
     skip = {"name", "kind", "checks", "metadata", "identity_detail", "provenance", "profile",
             "files", "backends", "evaluation"}
+    skip.add("signature")  # one line, below
     pending = entry.get("built") is False
     if pending:  # the OpenVINO default before its first use: say how it gets built
         print(f"  not built yet: {entry['how']}")
@@ -175,6 +176,11 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
                 print(f"    {evaluation.score_line(model, backend, score)}")
         if not item["scores"]:
             print("    no scores yet (variant-studio score NAME --data FILE)")
+    signature = entry.get("signature")
+    if isinstance(signature, dict):
+        who = f" by {signature['signer']}" if signature["status"] == "valid" else ""
+        print(f"  signature: {signature['status']}{who} ({signature['reason']}; policy "
+              f"{signature['policy']}{', required' if signature['required'] else ''})")
     for section in ("metadata", "profile", "provenance"):
         if isinstance(entry.get(section), dict):
             print(f"  {section}:")

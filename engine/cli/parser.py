@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _serve_parser(sub)
     _export_parser(sub)
+    _trust_parser(sub)
     _score_parser(sub)
     return parser
 
@@ -118,6 +119,60 @@ def _score_parser(sub: Any) -> None:
                         help="the output of `generate --json`, a local server response, "
                              "or a replay object")
     replay.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+
+def _trust_parser(sub: Any) -> None:
+    """Signatures (model-signing, ECDSA P-256 keys) and lineage."""
+    from engine.catalog.signatures import POLICIES
+
+    key = sub.add_parser("key", help="your signing keys (ECDSA P-256, in the data "
+                         "directory under keys/)").add_subparsers(
+        dest="action", required=True, parser_class=Parser)
+    kcreate = key.add_parser("create", help="make a key pair: the private key readable only "
+                             "by you (0600), the public key also trusted under NAME")
+    kcreate.add_argument("name", help="name of the new key (refused if it exists)")
+    klist = key.add_parser("list", help="your keys: name, fingerprint, private key file")
+    klist.add_argument("--json", action="store_true", help="print JSON")
+    kexport = key.add_parser("export", help="write a key's public key to a file (to give to "
+                             "whoever verifies your adapters)")
+    kexport.add_argument("name", help="the key whose public half to write")
+    kexport.add_argument("--out", required=True, type=Path, metavar="FILE",
+                         help="the file to write (must not exist)")
+    trust = sub.add_parser("trust", help="the public keys whose signatures you trust"
+                           ).add_subparsers(dest="action", required=True, parser_class=Parser)
+    tadd = trust.add_parser("add", help="trust a public key (PEM, ECDSA P-256/384/521; "
+                            "anything else is refused)")
+    tadd.add_argument("file", type=Path, metavar="PUBKEY_FILE", help="the PEM public key")
+    tadd.add_argument("--name", help="the name to trust it under (default: from the file "
+                      "name)")
+    tlist = trust.add_parser("list", help="trusted keys, the shipped release key first")
+    tlist.add_argument("--json", action="store_true", help="print JSON")
+    tremove = trust.add_parser("remove", help="stop trusting a key")
+    tremove.add_argument("name", help="the trusted key's name")
+    sign = sub.add_parser("sign", help="sign an adapter's stored files and its provenance "
+                          "record (writes signature.sig beside them)")
+    sign.add_argument("name", metavar="ADAPTER", help="the adapter to sign")
+    sign.add_argument("--key", required=True, metavar="NAME",
+                      help="one of your keys (`key list`)")
+    verify = sub.add_parser("verify", help="check an adapter's signature: valid and by "
+                            "whom, unsigned, or invalid with the reason (exit 3 unless "
+                            "valid)")
+    verify.add_argument("name", metavar="ADAPTER", help="the adapter to verify")
+    verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    policy = sub.add_parser("policy", help="this catalog's signature policy, enforced at "
+                            "import and when the engine opens a session").add_subparsers(
+        dest="action", required=True, parser_class=Parser)
+    pset = policy.add_parser("set", help="off (default), warn or require")
+    pset.add_argument("value", choices=POLICIES,
+                      help="off: never required; warn: unsigned or invalid adapters are "
+                           "imported and served with a warning; require: only adapters "
+                           "signed by a trusted key")
+    pshow = policy.add_parser("show", help="the current policy")
+    pshow.add_argument("--json", action="store_true", help="print JSON")
+    lineage = sub.add_parser("lineage", help="what a model, adapter or variant was made "
+                             "from: continued adapters, data and bases, by digest")
+    lineage.add_argument("name", help="a model, adapter or variant")
+    lineage.add_argument("--json", action="store_true", help="print the tree as JSON")
 
 
 def _serve_parser(sub: Any) -> None:

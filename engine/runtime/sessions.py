@@ -45,6 +45,7 @@ from engine.runtime.backend import (
 )
 from engine.runtime.messages import Prompt
 from engine.runtime.sampler import Sampler, StopMatcher, log_softmax
+from engine.runtime.signing import SignatureGate
 
 Emit = Callable[..., None]
 CancelCheck = Callable[[], bool]
@@ -106,6 +107,7 @@ class SessionManager:
         self.residents: OrderedDict[str, Resident] = OrderedDict()
         self.sessions: list[OpenSession] = []  # least recently used first
         self._numbers = itertools.count(1)
+        self.signatures = SignatureGate()  # the signature policy, checked per request
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,6 +117,9 @@ class SessionManager:
         """An idle session of `spec`'s identity, marked busy: the one whose cache shares
         the longest prefix with `prompt`, else a new one. None when every session is
         busy and no more may open (the caller waits and asks again)."""
+        # Signatures first, for a new session and a warm one alike (a policy set to
+        # require, or a file changed on disk, takes effect at the next request).
+        self.signatures.check(spec)
         key = spec.identity.key
         idle = [s for s in self.sessions if s.spec.identity.key == key and not s.busy]
         if idle:

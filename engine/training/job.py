@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import digest, health, imports, resolve
+from engine.catalog import digest, health, imports, resolve, signatures
 from engine.catalog.store import AdapterSpec, Catalog, now_iso
 from engine.curated import setup
 from engine.errors import Cancelled, RefusedError, UsageError
@@ -79,6 +79,11 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
     paths.check_name(request.name, "adapter name")
     if request.register:
         _check_free(catalog, request.name)
+        if signatures.policy(catalog) == "require":
+            # Refused before hours of training: the new adapter would arrive unsigned.
+            raise RefusedError("the signature policy is require and a newly trained adapter "
+                               "is unsigned: `policy set warn`, train, `sign` it, then "
+                               "`policy set require` again")
     if request.variant:
         paths.check_name(request.variant, "variant name")
         if not request.register:
