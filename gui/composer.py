@@ -7,7 +7,6 @@ different model before saving. Saving announces the variant (`CatalogEvents`).
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
@@ -112,7 +111,9 @@ class ComposerDialog(QDialog):
         self.base.currentTextChanged.connect(self._base_changed)
         self.rows_box = QVBoxLayout()
         add = QPushButton("Add adapter")
+        add.setToolTip("Add the next adapter of this base not yet in the list")
         add.clicked.connect(lambda: self._add_row(None, 1.0))
+        self.add_button = add
         adapters_group = QGroupBox("Adapters, applied in this order")
         group_layout = QVBoxLayout(adapters_group)
         group_layout.addLayout(self.rows_box)
@@ -145,6 +146,8 @@ class ComposerDialog(QDialog):
         self.error = QLabel()
         self.error.setStyleSheet("color:#d23c3c")
         self.error.setWordWrap(True)
+        # Messages quote names: plain text, never escaped entities such as &#x27;.
+        self.error.setTextFormat(Qt.TextFormat.PlainText)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save |
                                    QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.save)
@@ -183,7 +186,11 @@ class ComposerDialog(QDialog):
         if not options:
             self.error.setText("No adapter is installed for this base yet: import one first.")
             return
-        row = AdapterRow(options, name or options[0], scale)
+        used = {row.combo.currentText() for row in self.rows}
+        unused = [o for o in options if o not in used]
+        if name is None and not unused:
+            return  # every adapter of this base is listed (the button says so)
+        row = AdapterRow(options, name or unused[0], scale)
         row.changed.connect(self._preview)
         row.moveRequested.connect(self._move)
         row.removeRequested.connect(self._remove)
@@ -209,6 +216,12 @@ class ComposerDialog(QDialog):
         row.deleteLater()
         self._preview()
 
+    def _update_add(self) -> None:
+        left = set(self._adapters_for_base()) - {row.combo.currentText() for row in self.rows}
+        self.add_button.setEnabled(bool(left))
+        self.add_button.setToolTip("Add the next adapter of this base not yet in the list"
+                                   if left else "Every adapter of this base is in the list")
+
     def _base_changed(self, _base: str) -> None:
         for row in list(self.rows):
             self._remove(row)
@@ -232,8 +245,10 @@ class ComposerDialog(QDialog):
         except StudioError as exc:
             self.identity.setText("Identity key: —")
             problem = exc.message
-        self.error.setText(html.escape(problem or ""))
+        self.error.setText(problem or "")
         self.save_button.setEnabled(problem is None)
+        if hasattr(self, "add_button"):
+            self._update_add()
 
     def _problem(self) -> str | None:
         if not self.rows:
@@ -255,7 +270,7 @@ class ComposerDialog(QDialog):
             self.catalog.add_variant(name, self.base.currentText(), self.specs(),
                                      self.profile(), replace=self.editing is not None)
         except StudioError as exc:
-            self.error.setText(html.escape(exc.message))
+            self.error.setText(exc.message)
             return
         self.saved_name = name
         self.events.changed(["variant"], [name])

@@ -23,9 +23,10 @@ from PySide6.QtCore import (
     Qt,
     Signal,
 )
-from PySide6.QtGui import QColor, QFont, QPainter, QPalette
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QLabel,
     QLineEdit,
     QStyle,
     QStyledItemDelegate,
@@ -35,7 +36,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog import health, resolve
+from engine.catalog import health, resolve, signatures
 from engine.catalog.store import Catalog
 from engine.curated import setup
 from engine.errors import StudioError
@@ -83,17 +84,22 @@ def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
         # Listed before its first use, like `variant-studio list` (the OpenVINO default).
         out["models"].append(Entry(pending["name"], "model", pending["summary"],
                                    (BACKEND_LABELS["openvino"], "curated", "not built"), None))
+    policy = signatures.policy(catalog)
     for record in data["adapters"].values():
         meta = record["metadata"]
         badges = [BACKEND_LABELS.get(record["backend"], record["backend"]),
                   "curated" if record["curated"] else "user"]
         if not record.get("verified"):
             badges.append("unverified")
+        badge, signature_problem = _signature_badge(catalog, record, policy,
+                                                    record["name"] in checking)
+        if badge:
+            badges.append(badge)
         out["adapters"].append(Entry(
             record["name"], "adapter",
             f"rank {meta.get('rank')} · {', '.join(meta.get('targets') or [])} · "
             f"for {record['base']}", badged(record["name"], badges),
-            "; ".join(problems.get(record["name"], [])) or None))
+            "; ".join([*problems.get(record["name"], []), *signature_problem]) or None))
     for record in data["variants"].values():
         parts = " + ".join(f"{a['name']}@{a['scale']:g}" for a in record["adapters"])
         problem = None
@@ -113,6 +119,32 @@ def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
     for entries in out.values():
         entries.sort(key=lambda e: e.name.lower())
     return out
+
+
+# Above this size a signature not yet verified is left to the detail pane (showing an
+# entry must not hash gigabytes on the GUI thread); verdicts are cached once known.
+SIGNATURE_INLINE_BYTES = 64 << 20
+
+
+def _signature_badge(catalog: Catalog, record: dict[str, Any], policy: str,
+                     unchecked: bool) -> tuple[str | None, list[str]]:
+    """The signature badge of an adapter (`signed · KEY`, `signature invalid`, or
+    `unsigned` when the policy asks for signatures) and its problem when required."""
+    try:
+        verdict = signatures.status(
+            catalog, record["name"],
+            cached_only=unchecked or int(record.get("size") or 0) > SIGNATURE_INLINE_BYTES)
+    except StudioError as exc:
+        return "signature invalid", [exc.message]
+    if verdict is None:
+        return "signature unchecked", []
+    required = bool(record.get("curated")) or policy == "require"
+    if verdict.ok:
+        return verdict.label(), []
+    if verdict.status == "unsigned":
+        return ("unsigned", ["unsigned (policy require)"] if required else []) \
+            if policy != "off" or required else (None, [])
+    return "signature invalid", [f"signature invalid: {verdict.reason}"] if required else []
 
 
 class LibraryModel(QAbstractItemModel):
@@ -215,7 +247,24 @@ class LibraryModel(QAbstractItemModel):
         return None
 
 
+def display_name(metrics: QFontMetrics, name: str, width: int) -> str:
+    """A name as the row shows it: elided in the middle, so the end that tells two long
+    names apart ("…-instruct" and "…-instruct-openvino") stays; the tooltip has it whole."""
+    return metrics.elidedText(name, Qt.TextElideMode.ElideMiddle, max(20, width))
+
+
 class _Filter(QSortFilterProxyModel):
+    def data(self, index: QModelIndex | QPersistentModelIndex,
+             role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        # A section's count is what the search leaves of it ("1 of 3").
+        if role == Qt.ItemDataRole.DisplayRole and not index.parent().isValid() and \
+                self.filterRegularExpression().pattern():
+            source = self.mapToSource(index)
+            total = self.sourceModel().rowCount(source)
+            title = SECTIONS[source.row()][1]
+            return f"{title}  ({self.rowCount(index)} of {total})"
+        return super().data(index, role)
+
     def filterAcceptsRow(self, row: int, parent: QModelIndex | QPersistentModelIndex) -> bool:
         if not parent.isValid():
             return True  # sections always show
@@ -231,7 +280,9 @@ class _Filter(QSortFilterProxyModel):
 BADGE_COLORS = {
     "llama.cpp": "#2f6fdf", "OpenVINO": "#0a8f6a", "curated": "#7a5bd0", "user": "#8a8f98",
     "unverified": "#c07a00", "unchecked": "#5f6b7a",
+    "unsigned": "#8a8f98", "signature invalid": "#d23c3c", "signature unchecked": "#5f6b7a",
 }
+SIGNED_COLOR = "#1f9d55"  # `signed · KEY` badges
 
 
 class BadgeDelegate(QStyledItemDelegate):
@@ -276,7 +327,8 @@ class BadgeDelegate(QStyledItemDelegate):
             # On a selected row a white outline keeps a badge that shares the
             # selection's colour (llama.cpp blue) visible.
             painter.setPen(QColor("white") if selected else Qt.PenStyle.NoPen)
-            painter.setBrush(QColor(BADGE_COLORS.get(badge, "#777")))
+            painter.setBrush(QColor(BADGE_COLORS.get(
+                badge, SIGNED_COLOR if badge.startswith("signed ·") else "#777")))
             painter.drawRoundedRect(box, 6, 6)
             painter.setPen(QColor("white"))
             painter.drawText(box, Qt.AlignmentFlag.AlignCenter, badge)
@@ -289,8 +341,8 @@ class BadgeDelegate(QStyledItemDelegate):
         prefix = "⚠ " if problem else ""
         painter.drawText(QRect(rect.left(), rect.top(), x - rect.left(), line),
                          Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                         bold.elidedText(prefix + name, Qt.TextElideMode.ElideRight,
-                                         max(20, x - rect.left() - 4)))
+                         prefix + display_name(bold, name, x - rect.left() - 4 -
+                                               bold.horizontalAdvance(prefix)))
         painter.setFont(option.font)
         sub = QColor(text_color)
         sub.setAlpha(170)
@@ -317,6 +369,15 @@ class LibraryView(QWidget):
         self.search.setPlaceholderText("Search models, adapters, variants…  (Ctrl+F)")
         self.search.setClearButtonEnabled(True)
         self.search.textChanged.connect(self._filter)
+        self.search.setAccessibleName("Search the library")
+        self.no_matches = QLabel("no matches")
+        self.no_matches.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.no_matches.setStyleSheet("color:#888;padding:6px")
+        self.no_matches.hide()
+        # What the panes show: kept while a search hides it (the search filters the
+        # list; it does not choose another entry, nor another comparison target).
+        self._chosen: tuple[str, str] | None = None
+        self._filtering = False
         self.tree = QTreeView()
         self.tree.setModel(self.proxy)
         self.tree.setHeaderHidden(True)
@@ -328,26 +389,55 @@ class LibraryView(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.search)
+        layout.addWidget(self.no_matches)
         layout.addWidget(self.tree)
+        self.tree.setAccessibleName("Library")
 
     def load(self, entries: dict[str, list[Entry]]) -> None:
         current = self.current()
+        self._filtering = True  # the reset moves the tree's current row: not a choice
         self.model.load(entries)
         self.tree.expandAll()
-        if current:
-            self.select(current[1])
+        self._filtering = False
+        if current and not self.select(current[1]):
+            found = self.model.entry(self.model.index_of(current[1]))
+            # Still there but hidden by the search: still the entry on show.
+            self._chosen = (found.kind, found.name) if found else None
+        self._show_matches()
 
     def _filter(self, text: str) -> None:
-        self.proxy.setFilterFixedString(text.strip())
-        self.tree.expandAll()
+        self._filtering = True
+        try:
+            self.proxy.setFilterFixedString(text.strip())
+            self.tree.expandAll()
+            shown = self._chosen and self.proxy.mapFromSource(
+                self.model.index_of(self._chosen[1]))
+            if shown is not None and shown and shown.isValid():
+                self.tree.setCurrentIndex(shown)
+            else:
+                self.tree.selectionModel().clearSelection()
+        finally:
+            self._filtering = False
+        self._show_matches()
+
+    def _show_matches(self) -> None:
+        searching = bool(self.search.text().strip())
+        visible = sum(self.proxy.rowCount(self.proxy.index(s, 0))
+                      for s in range(self.proxy.rowCount()))
+        self.no_matches.setVisible(searching and visible == 0)
 
     def _current(self, current: QModelIndex, _previous: QModelIndex) -> None:
+        if self._filtering:
+            return
         source = self.proxy.mapToSource(current)
         entry = self.model.entry(source)
         if entry is not None:
+            self._chosen = (entry.kind, entry.name)
             self.selected.emit(entry.kind, entry.name)
 
     def current(self) -> tuple[str, str] | None:
+        if self._chosen and self.model.index_of(self._chosen[1]).isValid():
+            return self._chosen
         entry = self.model.entry(self.proxy.mapToSource(self.tree.currentIndex()))
         return (entry.kind, entry.name) if entry else None
 
@@ -355,6 +445,8 @@ class LibraryView(QWidget):
         index = self.proxy.mapFromSource(self.model.index_of(name))
         if not index.isValid():
             return False
+        if self.tree.currentIndex() == index and self._chosen and self._chosen[1] != name:
+            self.tree.setCurrentIndex(QModelIndex())  # so the change is announced
         self.tree.setCurrentIndex(index)
         self.tree.scrollTo(index)
         return True

@@ -53,7 +53,9 @@ from gui.controllers.server import ServerController
 from gui.controllers.training import TrainingController
 from gui.detail import DetailPane
 from gui.engine_client import QtEngineClient
+from gui.evaluate import EvaluateView
 from gui.library import LibraryView, snapshot
+from gui.lineage import LineageDialog
 from gui.server_panel import ServerPanel
 from gui.settings_dialog import SettingsDialog
 from gui.tasks import Task
@@ -119,6 +121,7 @@ class MainWindow(QMainWindow):
         self.chat = ChatView(self.client, self.catalog, self.events)
         self.compare = CompareView(self.client, self.catalog, self.events)
         self.train = TrainPage(self.training)
+        self.evaluate = EvaluateView(self.client, self.catalog, self.events)
         self.server_controller = ServerController(self.catalog, self)
         self.server = ServerPanel(self.server_controller, self.catalog, self.events,
                                   self.window_state)
@@ -127,6 +130,7 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.compare, "Compare")
         self.tabs.addTab(self.train, "Train")
+        self.tabs.addTab(self.evaluate, "Evaluate")
         self.tabs.addTab(self.server, "Server")
         self.splitter = QSplitter()
         self.splitter.addWidget(self.library)
@@ -171,6 +175,7 @@ class MainWindow(QMainWindow):
         self.detail.convertRequested.connect(self.convert_adapter)
         self.detail.buildRequested.connect(lambda _name: self.build_openvino_default())
         self.detail.defaultRequested.connect(self.set_default)
+        self.detail.lineageRequested.connect(self.show_lineage)
         self.chat.answered.connect(self.client.describe)
         self.compare.busyChanged.connect(lambda busy: None if busy else self.client.describe())
         self.events.catalogChanged.connect(self._catalog_changed)
@@ -213,6 +218,8 @@ class MainWindow(QMainWindow):
         self.act_new_chat = action("New chat", "Ctrl+N", self._new_chat)
         self.act_stop = action("Stop", "Esc", self.stop_current, "Stop generating")
         self.act_compare = action("Compare with base", "Ctrl+K", self._compare_current)
+        self.act_evaluate = action("Evaluate…", "Ctrl+E", self.open_evaluate,
+                                   "Score models and variants on a data file")
         self.act_search = action("Search library", "Ctrl+F", lambda: self.library.search.setFocus())
         self.act_settings = action("Settings…", "Ctrl+,", self.open_settings)
         self.act_restart = action("Restart engine", None, self.restart_engine)
@@ -226,8 +233,8 @@ class MainWindow(QMainWindow):
                     self.act_quit):
             file_menu.addSeparator() if act is None else file_menu.addAction(act)
         model_menu = menu.addMenu("&Model")
-        for act in (self.act_variant, self.act_new_chat, self.act_compare, self.act_stop,
-                    self.act_search):
+        for act in (self.act_variant, self.act_new_chat, self.act_compare, self.act_evaluate,
+                    self.act_stop, self.act_search):
             model_menu.addAction(act)
         engine_menu = menu.addMenu("&Engine")
         engine_menu.addAction(self.act_restart)
@@ -244,7 +251,7 @@ class MainWindow(QMainWindow):
     def _catalog_changed(self, kinds: list[str], _names: list[str]) -> None:
         if touches(kinds, CATALOG_KINDS):
             self.refresh()
-        elif "default" in kinds:  # the detail pane's "Default model ✓"
+        elif touches(kinds, ("default", "evaluation")):  # "Default model ✓", scores
             current = self.library.current()
             if current:
                 self._selected(*current)
@@ -319,6 +326,7 @@ class MainWindow(QMainWindow):
             self.chat.set_model(name)
         if kind == "variant":
             self.compare.select_variant(name)
+        self.evaluate.select(kind, name)
         self.server.select_model(name)
 
     def select(self, name: str) -> None:
@@ -329,6 +337,8 @@ class MainWindow(QMainWindow):
     def import_adapter(self, path: str | None = None) -> ImportDialog:
         dialog = ImportDialog(self.catalog, self.events, path, self)
         dialog.finished.connect(lambda _code: self._imported(dialog))
+        # The wizard's hint for a base model: add it as one, with the same checks.
+        dialog.addModelRequested.connect(lambda file: self.add_model(file))
         dialog.open()
         return dialog
 
@@ -427,6 +437,13 @@ class MainWindow(QMainWindow):
         self.events.changed(["adapter"], [name])
         self.statusBar().showMessage(f"{name} now has a {backend} file", 8000)
 
+    def show_lineage(self, name: str) -> LineageDialog:
+        """The lineage of `name` in a dialog of its own (non-modal)."""
+        dialog = LineageDialog(self.catalog, name, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+        return dialog
+
     def remove_entry(self, name: str) -> None:
         answer = QMessageBox.question(self, "Remove", f"Remove {name} from the catalog?")
         if answer != QMessageBox.StandardButton.Yes:
@@ -467,9 +484,13 @@ class MainWindow(QMainWindow):
         self.tabs.setCurrentWidget(self.chat)
         self.chat.new_chat()
 
+    def open_evaluate(self) -> None:
+        self.tabs.setCurrentWidget(self.evaluate)
+
     def stop_current(self) -> None:
         self.chat.stop()
         self.compare.stop()
+        self.evaluate.stop()
 
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.theme, self)

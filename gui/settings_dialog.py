@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 from engine.errors import StudioError
 from engine.formats.safeio import printable
 from engine.state import paths, settings
+from gui.widgets.elided_label import ElidedLabel
 
 THEMES = ("system", "light", "dark")
 
@@ -63,12 +64,30 @@ class SettingsDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Settings")
         current = settings.load()
-        self.data_dir = QLineEdit(str(paths.data_dir()))
-        browse = QPushButton("Choose…")
-        browse.clicked.connect(self._browse)
-        row = QHBoxLayout()
+        self.setMinimumWidth(560)
+        home = str(paths.data_dir())
+        # The directory in use, whole in its tooltip; elided in the middle, so both its
+        # start and its distinguishing end stay readable.
+        self.data_dir_now = ElidedLabel(home, Qt.TextElideMode.ElideMiddle)
+        self.data_dir_now.setToolTip(home)
+        self.data_dir_now.setAccessibleName("Data directory in use")
+        self.data_dir_now.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        change = QPushButton("Change…")
+        change.clicked.connect(self._change)
+        now_row = QHBoxLayout()
+        now_row.addWidget(self.data_dir_now, 1)
+        now_row.addWidget(change)
+        self.data_dir = QLineEdit(home)
+        self.data_dir.setAccessibleName("New data directory")
+        self.data_dir.setToolTip("An absolute path; it takes effect at the next start")
+        self.browse = QPushButton("Choose…")
+        self.browse.clicked.connect(self._browse)
+        self.new_dir = QWidget()
+        row = QHBoxLayout(self.new_dir)
+        row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.data_dir, 1)
-        row.addWidget(browse)
+        row.addWidget(self.browse)
+        self.new_dir.hide()
         self.threads = QSpinBox()
         self.threads.setRange(0, 256)
         self.threads.setSpecialValueText("automatic (one per core)")
@@ -78,8 +97,10 @@ class SettingsDialog(QDialog):
         self.context.setSingleStep(256)
         self.context.setValue(current.context_size)
         self.backend = QComboBox()
-        self.backend.addItems(["llama", "openvino"])
-        self.backend.setCurrentText(current.default_backend)
+        # Shown as everywhere else in the app; the setting keeps the backend's id.
+        self.backend.addItem("llama.cpp", "llama")
+        self.backend.addItem("OpenVINO", "openvino")
+        self.backend.setCurrentIndex(max(0, self.backend.findData(current.default_backend)))
         self.theme = QComboBox()
         self.theme.addItems(THEMES)
         self.theme.setCurrentText(theme)
@@ -95,7 +116,10 @@ class SettingsDialog(QDialog):
         buttons.accepted.connect(self.save)
         buttons.rejected.connect(self.reject)
         form = QFormLayout(self)
-        form.addRow("Data directory", row)
+        form.addRow("Data directory", now_row)
+        self.new_dir_label = QLabel("New location")
+        form.addRow(self.new_dir_label, self.new_dir)
+        self.new_dir_label.hide()
         form.addRow("Engine threads", self.threads)
         form.addRow("Context size (base models)", self.context)
         form.addRow("Default backend for new models", self.backend)
@@ -104,6 +128,12 @@ class SettingsDialog(QDialog):
         form.addRow(self.error)
         form.addRow(buttons)
         self.threads_changed = False
+
+    def _change(self) -> None:
+        self.new_dir_label.show()
+        self.new_dir.show()
+        self.data_dir.setFocus()
+        self.data_dir.selectAll()
 
     def _browse(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Data directory", self.data_dir.text())
@@ -121,7 +151,7 @@ class SettingsDialog(QDialog):
         before = settings.load()
         try:
             settings.update(threads=self.threads.value(), context_size=self.context.value(),
-                            default_backend=self.backend.currentText())
+                            default_backend=self.backend.currentData())
         except StudioError as exc:
             self.error.setText(exc.message)
             return

@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QProgressBar,
     QPushButton,
+    QScrollArea,
     QSpinBox,
     QToolButton,
     QVBoxLayout,
@@ -150,7 +151,10 @@ class TrainPage(QWidget):
         self.warnings.hide()
         self.plot = LossChart()
 
-        layout = QVBoxLayout(self)
+        # Everything in a scroll area: opening the advanced settings (or a long
+        # warning) scrolls the page instead of growing the window past a laptop screen.
+        content = QWidget()
+        layout = QVBoxLayout(content)
         layout.addWidget(self.hint)
         layout.addLayout(main)
         layout.addWidget(self.advanced_toggle)
@@ -159,7 +163,18 @@ class TrainPage(QWidget):
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
         layout.addWidget(self.warnings)
+        self.plot.setMinimumHeight(180)
         layout.addWidget(self.plot, 1)
+        self.scroll = QScrollArea()
+        self.scroll.setWidgetResizable(True)
+        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.scroll.setWidget(content)
+        outer = QVBoxLayout(self)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.scroll)
+        # A refusal ("give the new adapter a name") is stale once the user acts on it.
+        for field in (self.name, self.data):
+            field.textChanged.connect(self._clear_refusal)
 
         c = self.client
         c.stage.connect(lambda stage: self._status(f"{stage[:1].upper()}{stage[1:]}…"))
@@ -275,6 +290,11 @@ class TrainPage(QWidget):
     def _status(self, text: str, error: bool = False) -> None:
         self.status.setStyleSheet("color:#c0392b" if error else "")
         self.status.setText(text)
+        self._refusal = error and not self.busy()
+
+    def _clear_refusal(self) -> None:
+        if getattr(self, "_refusal", False):
+            self._status("Ready.")
 
     @Slot(dict)
     def _data_loaded(self, event: dict) -> None:

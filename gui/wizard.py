@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -42,6 +42,7 @@ from PySide6.QtWidgets import (
 
 from engine.catalog.store import Catalog
 from engine.catalog.wizard import ImportWizard, Step
+from engine.curated import setup
 from engine.formats.safeio import printable
 from gui.catalog_events import CatalogEvents
 from gui.detail import ChecksModel
@@ -56,8 +57,38 @@ TITLES = {
 }
 
 
+TYPING_PAUSE_MS = 500  # a typed path is inspected once the typing pauses this long
+
+LABELS = {"kind": "Kind", "format": "Format", "backend": "Runtime", "rank": "Rank",
+          "alpha": "Alpha", "targets": "Targets", "architecture": "Architecture",
+          "base_sha256": "Declared base digest", "tensors": "Tensors", "layers": "Layers",
+          "dtype": "Weights", "size": "Size", "base_model_name": "Declared base model",
+          "path": "Path"}
+BACKENDS = {"llama": "llama.cpp", "openvino": "OpenVINO"}
+
+
+def human(key: str, value: Any) -> str:
+    """A metadata value as a person reads it: no Python lists, None or True."""
+    if value is None or value == "" or value == [] or value == {}:
+        return "not declared" if "sha256" in key or "base" in key else "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ", ".join(human(key, v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {human(key, v)}" for k, v in value.items())
+    if key == "backend":
+        return BACKENDS.get(str(value), str(value))
+    return str(value)
+
+
+def label(key: str) -> str:
+    return LABELS.get(key, key.replace("_", " ").capitalize())
+
+
 class ImportDialog(QDialog):
     stepReady = Signal()  # a step's background work ended: applied, failed or stopped
+    addModelRequested = Signal(str)  # the file is a base model: add it as one
 
     def __init__(self, catalog: Catalog, events: CatalogEvents, path: str | None = None,
                  parent: QWidget | None = None) -> None:
@@ -81,6 +112,12 @@ class ImportDialog(QDialog):
         self.path.setPlaceholderText("A GGUF LoRA, a .safetensors file, or a PEFT folder — "
                                      "or drop it here")
         self.path.editingFinished.connect(self._path_edited)
+        # A typed path is checked as typed, once the typing pauses (not only on Enter).
+        self.typing = QTimer(self)
+        self.typing.setSingleShot(True)
+        self.typing.setInterval(TYPING_PAUSE_MS)
+        self.typing.timeout.connect(self._path_edited)
+        self.path.textEdited.connect(lambda _text: self.typing.start())
         browse_file = QPushButton("Choose file…")
         browse_file.clicked.connect(self._browse_file)
         browse_dir = QPushButton("Choose folder…")
@@ -97,9 +134,18 @@ class ImportDialog(QDialog):
         pick_layout.addStretch(1)
         # SUMMARY
         self.summary = QTextBrowser()
+        self.as_model = QPushButton("Add it as a base model instead")
+        self.as_model.clicked.connect(self._add_as_model)
+        self.as_model.hide()
+        summary_page = QWidget()
+        summary_layout = QVBoxLayout(summary_page)
+        summary_layout.setContentsMargins(0, 0, 0, 0)
+        summary_layout.addWidget(self.summary, 1)
+        summary_layout.addWidget(self.as_model, 0, Qt.AlignmentFlag.AlignLeft)
         # BASE
         self.bases = QListWidget()
         self.bases.currentItemChanged.connect(self._base_chosen)
+        self.bases.itemClicked.connect(self._base_clicked)
         # REPORT
         self.checks = ChecksModel(self)
         self.checks_view = QTableView()
@@ -134,7 +180,7 @@ class ImportDialog(QDialog):
             widget.textChanged.connect(self._details_changed)
         self.scale.valueChanged.connect(self._details_changed)
         self.make_variant.toggled.connect(self._details_changed)
-        for page in (pick, self.summary, self.bases, report, details):
+        for page in (pick, summary_page, self.bases, report, details):
             self.pages.addWidget(page)
 
         self.blocker = QLabel()
@@ -180,8 +226,15 @@ class ImportDialog(QDialog):
     def _path_edited(self) -> None:
         # editingFinished also fires when the field merely loses focus (leaving the
         # first page hides it): only a different path is inspected again.
+        self.typing.stop()
         if self.path.text().strip() != self._inspecting:
             self._set_path(self.path.text())
+
+    def _add_as_model(self) -> None:
+        path = str(self.state.path) if self.state.path else ""
+        self.reject()
+        if path:
+            self.addModelRequested.emit(path)
 
     def _set_path(self, path: str) -> None:
         path = path.strip()
@@ -266,6 +319,42 @@ class ImportDialog(QDialog):
                                  f" {html.escape(str(result))}</span>")
         self.stepReady.emit()
 
+    def _preselect_base(self) -> None:
+        """On the base page, the only compatible base is chosen (and checked) at once."""
+        compatible = [c for c in self.state.choices if c.compatible]
+        if self.state.base is not None or self.step_task is not None or len(compatible) != 1:
+            return
+        for row in range(self.bases.count()):
+            item = self.bases.item(row)
+            if item.data(Qt.ItemDataRole.UserRole) == compatible[0].name:
+                self.bases.setCurrentItem(item)  # runs the validation step
+
+    def _base_clicked(self, item: QListWidgetItem) -> None:
+        """A click on the chosen base checks it again when its check was stopped."""
+        if self.step_task is None and self.state.report is None:
+            self._base_chosen(item, None)
+
+    def _add_pending_bases(self) -> None:
+        """Bases listed before they exist (the OpenVINO default before its build), shown
+        disabled with the reason, as the incompatible ones are."""
+        listed = {c.name for c in self.state.choices}
+        try:
+            pending = setup.pending_entries(self.state.catalog)
+        except Exception:  # noqa: BLE001 (a listing aid: never blocks the import)
+            return
+        for entry in pending:
+            if entry["name"] in listed:
+                continue
+            backend = BACKENDS.get(entry.get("backend", ""), entry.get("backend", ""))
+            reason = ("not built yet (Engine → Build the OpenVINO default model); an "
+                      "OpenVINO base takes a PEFT adapter (.safetensors)")
+            item = QListWidgetItem(f"{entry['name']}  ({backend}) — {reason}")
+            item.setData(Qt.ItemDataRole.UserRole, entry["name"])
+            item.setToolTip(reason)
+            item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled &
+                          ~Qt.ItemFlag.ItemIsSelectable)
+            self.bases.addItem(item)
+
     def busy(self) -> bool:
         """Is background work (a step's reading, or the import) running?"""
         return self.task is not None or self.step_task is not None
@@ -290,22 +379,27 @@ class ImportDialog(QDialog):
         elif s.info is not None:
             meta = s.info.summary()
             rows = "".join(
-                f"<tr><td style='color:#888;padding-right:12px'>{html.escape(k)}</td>"
-                f"<td>{html.escape(printable(str(v), 200))}</td></tr>"
+                f"<tr><td style='color:#888;padding-right:12px'>{html.escape(label(k))}</td>"
+                f"<td>{html.escape(printable(human(k, v), 200))}</td></tr>"
                 for k, v in meta.items() if k != "target_shapes")
             heading = html.escape(printable(Path(s.info.path).name))
             self.summary.setHtml(f"<p><b>{heading}</b></p><table>{rows}</table>")
         self.bases.blockSignals(True)
         self.bases.clear()
+        self.as_model.setVisible(s.base_model)
         for choice in s.choices:
-            item = QListWidgetItem(f"{choice.name}  ({choice.backend}) — {choice.reason}")
+            runtime = BACKENDS.get(choice.backend, choice.backend)
+            item = QListWidgetItem(f"{choice.name}  ({runtime}) — {choice.reason}")
             item.setData(Qt.ItemDataRole.UserRole, choice.name)
+            item.setToolTip(choice.reason)
             if not choice.compatible:
                 item.setFlags(item.flags() & ~Qt.ItemFlag.ItemIsEnabled &
                               ~Qt.ItemFlag.ItemIsSelectable)
             self.bases.addItem(item)
             if choice.name == s.base:
                 self.bases.setCurrentItem(item)
+        if s.info is not None:
+            self._add_pending_bases()
         self.bases.blockSignals(False)
         self.checks.load(s.report.to_list() if s.report else [])
         self.checks_view.resizeColumnsToContents()
@@ -327,6 +421,8 @@ class ImportDialog(QDialog):
         blockers = self.state.blockers()
         if self.step_task is not None:
             blockers = [self._step_label]
+        elif step == Step.SUMMARY and self.state.error:
+            blockers = ["go back and choose another file"]  # the page says why, once
         self.blocker.setText(html.escape(blockers[0]) if blockers else "")
         busy = self.busy()
         self.back_button.setEnabled(step > Step.PICK and not busy)
@@ -344,6 +440,8 @@ class ImportDialog(QDialog):
             if self.state.step == Step.DETAILS:
                 self._details_changed()
             self._refresh()
+            if self.state.step == Step.BASE:
+                self._preselect_base()
 
     def back(self) -> None:
         self.state.back()

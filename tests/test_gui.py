@@ -101,11 +101,10 @@ def test_wizard_imports_an_adapter_and_creates_a_variant(window: MainWindow, tmp
     assert dialog.state.info is not None
     dialog.next()  # summary
     assert "poet.gguf" in dialog.summary.toHtml()
-    dialog.next()  # base
-    assert dialog.bases.item(0).flags() & Qt.ItemFlag.ItemIsEnabled
-    assert not dialog.next_button.isEnabled()
     with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
-        dialog.bases.setCurrentRow(0)  # validation (the value scan) runs off-thread
+        dialog.next()  # base: the only compatible one is chosen and validated off-thread
+        assert dialog.bases.item(0).flags() & Qt.ItemFlag.ItemIsEnabled
+        assert dialog.bases.currentRow() == 0 and not dialog.next_button.isEnabled()
     dialog.next()  # report
     assert not dialog.next_button.isEnabled() and dialog.ack.isVisible()
     dialog.ack.setChecked(True)
@@ -139,7 +138,10 @@ def test_wizard_refusals(window: MainWindow, tmp_path: Path, base_info, embedded
         assert not dialog.next_button.isEnabled()
         assert "cannot be imported" in dialog.summary.toHtml()
         expected = "not a GGUF" if case == "junk" else "is a base model"
-        assert expected in dialog.blocker.text()
+        # Said once, on the page; the line below says what to do.
+        assert expected in dialog.summary.toPlainText()
+        assert expected not in dialog.blocker.text() and "another file" in dialog.blocker.text()
+        assert dialog.as_model.isVisible() == (case == "base model")
     elif case == "other backend":
         dialog.next()
         item = dialog.bases.item(0)
@@ -147,9 +149,8 @@ def test_wizard_refusals(window: MainWindow, tmp_path: Path, base_info, embedded
         assert not dialog.next_button.isEnabled()
         assert "no base model" in dialog.blocker.text()
     else:
-        dialog.next()
         with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
-            dialog.bases.setCurrentRow(0)
+            dialog.next()  # the only compatible base, chosen and validated
         dialog.next()
         dialog.ack.setChecked(True)
         dialog.next()

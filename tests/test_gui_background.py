@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QPushButton
 
 from engine.catalog import digest, imports, validation
@@ -234,10 +234,11 @@ def test_the_wizard_inspects_and_validates_off_the_gui_thread_and_can_stop(
     wait_step(qtbot, dialog)
     assert dialog.state.info is not None and dialog.state.info.rank == 64
     dialog.next()
-    dialog.next()  # the base page
     timer.start()
-    # First choice of a base: stopped by the user while the scan runs.
-    dialog.bases.setCurrentRow(0)
+    # The base page chooses the only compatible base: stopped by the user while the
+    # scan runs.
+    dialog.next()
+    assert dialog.bases.currentRow() == 0
     assert dialog.busy() and dialog.progress.isVisible()
     assert not dialog.next_button.isEnabled() and dialog.cancel_button.text() == "Stop"
     qtbot.waitUntil(gui_alive.is_set, timeout=LONG)
@@ -247,9 +248,10 @@ def test_the_wizard_inspects_and_validates_off_the_gui_thread_and_can_stop(
     assert dialog.isVisible() and not dialog.busy()  # stopping the check keeps the dialog
     assert dialog.state.base is None and dialog.state.report is None
     assert "stopped" in dialog.blocker.text() and not dialog.next_button.isEnabled()
-    # Second choice: it runs to the end and its report is applied.
+    # Chosen again (a click on it): it runs to the end and its report is applied.
     with qtbot.waitSignal(dialog.stepReady, timeout=LONG):
-        dialog.bases.setCurrentRow(0)
+        rect = dialog.bases.visualItemRect(dialog.bases.item(0))
+        qtbot.mouseClick(dialog.bases.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     timer.stop()
     assert dialog.state.base == DEFAULT_MODEL_NAME
     values = [c for c in dialog.state.report.checks if c.name == "values"]

@@ -253,7 +253,7 @@ def test_settings_save_context_backend_and_theme(home: Path, open_window, user_i
 
     def change(dialog: SettingsDialog) -> None:
         dialog.context.setValue(2048)
-        dialog.backend.setCurrentText("openvino")
+        dialog.backend.setCurrentIndex(dialog.backend.findData("openvino"))
         dialog.theme.setCurrentText("dark")
         ok_button(dialog).click()
         seen["accepted"] = dialog.result() == SettingsDialog.DialogCode.Accepted
@@ -291,7 +291,7 @@ def test_settings_save_context_backend_and_theme(home: Path, open_window, user_i
 
         # Reopened, the dialog shows what was saved; a new window keeps the theme.
         def check(dialog: SettingsDialog) -> None:
-            seen["shown"] = (dialog.context.value(), dialog.backend.currentText(),
+            seen["shown"] = (dialog.context.value(), dialog.backend.currentData(),
                              dialog.theme.currentText())
             dialog.reject()
 

@@ -55,6 +55,7 @@ class Inspection:
     name: str = ""
     source: str = ""
     choices: tuple[BaseChoice, ...] = ()
+    base_model: bool = False  # the file is a base model (the window offers to add it)
 
 
 @dataclass
@@ -64,6 +65,7 @@ class ImportWizard:
     path: Path | None = None
     info: AdapterInfo | None = None
     error: str | None = None
+    base_model: bool = False  # the chosen file is a base model, not an adapter
     choices: list[BaseChoice] = field(default_factory=list)
     base: str | None = None
     report: validation.Report | None = None
@@ -94,7 +96,7 @@ class ImportWizard:
         if isinstance(found, BaseModelInfo):
             return Inspection(path, None, f"{path.name} is a base model "
                               f"({found.architecture}), not an adapter; add it as a model "
-                              "instead")
+                              "instead", base_model=True)
         stem = path.stem if path.is_file() else path.name
         return Inspection(path, found, None, _suggest_name(stem, self.catalog), str(path),
                           tuple(self._rank_bases(found, progress, cancelled)))
@@ -102,6 +104,7 @@ class ImportWizard:
     def apply_inspection(self, found: Inspection) -> None:
         """Make `found` the wizard's file (what `set_path` does after inspecting)."""
         self.path, self.info, self.error = found.path, found.info, found.error
+        self.base_model = found.base_model
         self.base, self.report, self.acknowledged = None, None, False
         self.choices = list(found.choices)
         if found.info is not None:
