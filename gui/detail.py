@@ -94,6 +94,19 @@ def _identity_value(key: str, value: Any) -> str:
     return str(value)
 
 
+def signature_text(signature: dict[str, Any]) -> str:
+    """The detail pane's signature row: valid and by whom, unsigned, or invalid and why."""
+    policy = f"policy {signature.get('policy')}" + (", required" if signature.get("required")
+                                                   else "")
+    fingerprint = (signature.get("fingerprint") or "")[:16]
+    if signature.get("status") == "valid":
+        return (f"valid: signed by {signature.get('signer')} (key {fingerprint}…); "
+                f"{', '.join(signature.get('files') or [])} unchanged; {policy}")
+    if signature.get("status") == "unsigned":
+        return f"unsigned ({policy})"
+    return f"invalid: {signature.get('reason')} ({policy})"
+
+
 def render_html(entry: dict[str, Any]) -> str:
     """HTML for the provenance and identity of one `show` entry."""
     kind = entry["kind"]
@@ -118,6 +131,9 @@ def render_html(entry: dict[str, Any]) -> str:
                          if entry.get("verified") else "no: user-provided, unverified"))
         rows.append(_row("rank / alpha", f"{entry.get('rank')} / {entry.get('alpha')}"))
         rows.append(_row("targets", ", ".join(entry.get("targets") or [])))
+        signature = entry.get("signature")
+        if isinstance(signature, dict):
+            rows.append(_row("signature", signature_text(signature)))
     if kind == "variant":
         rows.append(_row("base", entry.get("base")))
         for a in entry.get("adapters", []):
@@ -170,6 +186,7 @@ class DetailPane(QWidget):
     newVariantRequested = Signal(str)
     convertRequested = Signal(str)
     buildRequested = Signal(str)
+    lineageRequested = Signal(str)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -201,6 +218,7 @@ class DetailPane(QWidget):
             ("build", "Build now", self.buildRequested),
             ("default", "Use as default", self.defaultRequested),
             ("copy", "Copy identity", None),
+            ("lineage", "Lineage…", self.lineageRequested),
             ("remove", "Remove…", self.removeRequested),
         ):
             button = QPushButton(label)
@@ -240,6 +258,7 @@ class DetailPane(QWidget):
             "copy": kind in ("model", "variant"),
             "remove": kind is not None,
             "build": False,
+            "lineage": kind is not None,
         }
         if entry is not None and entry.get("built") is False:
             # Not built yet: nothing to chat with, remove or copy; only build it.

@@ -881,12 +881,14 @@ def verdict_key(folder: Path, keys: Sequence[TrustedKey], provenance: str | None
     return canonical_sha256(material)
 
 
-def status(catalog: Catalog, name: str, backend: str | None = None) -> Verdict:
+def status(catalog: Catalog, name: str, backend: str | None = None,
+           cached_only: bool = False) -> Verdict | None:
     """The signature status of adapter `name` for display (library, detail, `show`).
 
     Answered from a verdict cache keyed by content (see `verdict_key`), so showing an
     unchanged adapter costs stats and a few small reads; enforcement (imports, the
-    engine, `verify`) never reads this cache."""
+    engine, `verify`) never reads this cache. `cached_only`: None rather than verify
+    (which reads every signed file) when the cache has no verdict."""
     record = catalog.adapter(name)
     folder = adapter_folder(record)
     if not (folder / SIGNATURE_FILE).exists() and (backend in (None, record["backend"])):
@@ -906,6 +908,8 @@ def status(catalog: Catalog, name: str, backend: str | None = None) -> Verdict:
                 verdict = Verdict.from_dict(cached)
                 _memo[key] = verdict
                 return verdict
+    if cached_only:
+        return None
     if backend is None or backend == record["backend"]:
         verdict = verify_adapter(catalog, name, keys)
     else:
@@ -929,6 +933,7 @@ def entry(catalog: Catalog, name: str) -> dict[str, Any]:
     record = catalog.adapter(name)
     value = policy(catalog)
     verdict = status(catalog, name)
+    assert verdict is not None
     out = {**verdict.to_dict(), "policy": value,
            "required": bool(record.get("curated")) or value == "require",
            "recorded": record.get("signature")}

@@ -29,6 +29,7 @@ class SignatureGate:
 
     def __init__(self) -> None:
         self._verdicts: dict[str, Verdict] = {}
+        self._warned: set[tuple[str, str, str]] = set()
         self.verified = 0  # full verifications done (the rest came from the cache)
 
     def check(self, spec: SessionSpec) -> None:
@@ -36,19 +37,20 @@ class SignatureGate:
         for adapter in spec.adapters:
             if adapter.signing is None:
                 continue
-            verdict, fresh = self._verdict(adapter, spec.trusted)
+            verdict = self._verdict(adapter, spec.trusted)
             if verdict.ok:
                 continue
             if adapter.signing.required:
                 raise RefusedError(f"adapter {adapter.name}: signature "
                                    f"{'required' if verdict.status == 'unsigned' else 'invalid'}"
                                    f": {verdict.reason}; not serving it")
-            if fresh:
+            seen = (adapter.path, adapter.sha256, verdict.reason)
+            if seen not in self._warned:  # once per file and verdict, not per request
+                self._warned.add(seen)
                 print(f"warning: adapter {adapter.name}: {verdict.reason} (signature policy "
                       f"{spec.policy}); serving it", file=sys.stderr, flush=True)
 
-    def _verdict(self, adapter: AdapterFile, trusted: tuple[TrustedKey, ...]
-                 ) -> tuple[Verdict, bool]:
+    def _verdict(self, adapter: AdapterFile, trusted: tuple[TrustedKey, ...]) -> Verdict:
         signing = adapter.signing
         assert signing is not None
         keys = [k for k in trusted if k.fingerprint in signing.keys]
@@ -63,14 +65,14 @@ class SignatureGate:
             expect = {Path(derived.source).name: derived.sha256}
             extra = [adapter.path, adapter.sha256, adapter.config_sha256, derived.to_dict()]
         if not (folder / signatures.SIGNATURE_FILE).exists():
-            return signatures.unsigned(), False
+            return signatures.unsigned()
         try:
             key: str | None = signatures.verdict_key(folder, keys, signing.provenance_sha256,
                                                      expect, extra)
         except (RefusedError, InspectionError, OSError):
             key = None  # unreadable: verify (and fail) without caching
         if key is not None and key in self._verdicts:
-            return self._verdicts[key], False
+            return self._verdicts[key]
         verdict = signatures.check_recorded(
             signatures.verify_folder(folder, keys, signing.provenance_sha256), folder, expect)
         if derived is not None:
@@ -81,4 +83,4 @@ class SignatureGate:
             if len(self._verdicts) >= MAX_VERDICTS:
                 self._verdicts.pop(next(iter(self._verdicts)))
             self._verdicts[key] = verdict
-        return verdict, True
+        return verdict
