@@ -12,6 +12,7 @@ done; each view listens for the kinds it cares about:
 | "adapter" | import, remove, convert, OpenVINO build, training | library, chat, compare, train |
 | "variant" | import, compose, edit, remove, training      | library, chat, compare   |
 | "default" | Use as default (settings.default_model)      | the detail pane          |
+| "evaluation" | a score kept on an adapter's evaluation set (Evaluate) | the detail pane |
 
 (An adapter or model change can change which backends serve a variant, so the chat's
 and the comparison's backend pickers listen for those too.) `names` are the entries
@@ -24,7 +25,7 @@ from collections.abc import Iterable
 
 from PySide6.QtCore import QObject, Signal
 
-KINDS = ("model", "adapter", "variant", "default")
+KINDS = ("model", "adapter", "variant", "default", "evaluation")
 CATALOG_KINDS = frozenset({"model", "adapter", "variant"})  # what catalog.json holds
 
 

@@ -66,6 +66,7 @@ from engine.state import conversations, settings
 from engine.state.conversations import ChatMessage, Conversation
 from gui.backend_picker import LABELS, BackendPicker
 from gui.catalog_events import CatalogEvents, touches
+from gui.controllers.replay import ReplayRunner, verdict_text
 from gui.engine_client import QtEngineClient, Reply
 from gui.markdown import render
 from gui.widgets.elided_label import ElidedLabel
@@ -94,6 +95,9 @@ def message_html(message: ChatMessage, index: int | None = None, dark: bool = Fa
         actions.append(_link(f"edit:{index}", "Edit", "Edit and send again (a new branch)"))
     if index is not None and message.role == "assistant" and message.content:
         actions.append(_link(f"copymsg:{index}", "Copy", "Copy this answer"))
+        if message.replay:
+            actions.append(_link(f"replay:{index}", "Replay", "Regenerate this answer with "
+                                 "the same identity, settings and seed, and compare"))
         if last:
             actions.append(_link("regenerate:", "Regenerate", "A new answer (new seed)"))
     if message.role == "user":
@@ -194,6 +198,7 @@ class _EnterToSend(QObject):
 class ChatView(QWidget):
     busyChanged = Signal(bool)
     answered = Signal()
+    replayed = Signal(dict)  # the verdict of a Replay (gui.controllers.replay)
 
     def __init__(self, client: QtEngineClient, catalog: Catalog, events: CatalogEvents,
                  parent: QWidget | None = None) -> None:
@@ -359,6 +364,9 @@ class ChatView(QWidget):
         layout.addWidget(self.splitter)
 
         events.catalogChanged.connect(self._catalog_changed)
+        self.replayer = ReplayRunner(client, catalog, self)
+        self.replayer.verdict.connect(self._replayed)
+        self.last_replay: dict | None = None
         self._update_buttons()
 
     # ---------------------------------------------------------------- conversations
@@ -741,6 +749,8 @@ class ChatView(QWidget):
             self.switch_version(number, -1 if scheme == "prev" else 1)
         elif scheme == "regenerate":
             self.regenerate()
+        elif scheme == "replay":
+            self.replay_message(number)
         elif scheme in ("http", "https"):
             QDesktopServices.openUrl(url)
 
@@ -849,7 +859,8 @@ class ChatView(QWidget):
             tokens_per_second=(result or {}).get("tokens_per_second"), error=error,
             backend=(result or {}).get("backend"),
             seed=self._sampling.seed if self._sampling else None,
-            finish_reason=(result or {}).get("finish_reason"))
+            finish_reason=(result or {}).get("finish_reason"),
+            replay=(result or {}).get("replay"))
         branch, self._branch = self._branch, None
         if branch is not None and branch[1].id == self.conversation.id:
             index, before = branch
@@ -886,6 +897,23 @@ class ChatView(QWidget):
         self._append_answer(self._stream_text, error=message)
         self.status.setText("failed")
         self._finish()
+
+    def replay_message(self, index: int) -> None:
+        """Regenerate answer `index` from its replay record; the verdict goes to the
+        status line (and `replayed`)."""
+        if self.conversation is None or not 0 <= index < len(self.conversation.messages):
+            return
+        record = self.conversation.messages[index].replay
+        if not record or self.replayer.running():
+            return
+        self.status.setText("replaying…")
+        self.replayer.replay(record)
+
+    def _replayed(self, found: dict) -> None:
+        self.last_replay = found
+        self.status.setText(verdict_text(found))
+        self.status.setToolTip("\n".join(found.get("identity_changes") or []))
+        self.replayed.emit(found)
 
     def copy_last(self) -> None:
         if self.conversation is None:

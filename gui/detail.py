@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.catalog.entries import provenance_lines
+from engine.catalog.evaluation import score_line
 from engine.formats.safeio import printable
 
 STATUS_ICONS = {"pass": ("✓", "#1f9d55"), "warn": ("!", "#c07a00"), "fail": ("✗", "#d23c3c")}
@@ -168,10 +169,30 @@ def render_html(entry: dict[str, Any]) -> str:
             lines = [f"{key}: {value}" for key, value in provenance.items()]
         body = "".join(_row(*line.partition(": ")[::2]) for line in lines)
         parts.append(f"<h3>Training provenance</h3><table class='props'>{body}</table>")
+    parts.extend(evaluation_html(entry.get("evaluation")))
     style = ("<style>h2{margin:0 0 6px 0} .kind{font-size:small;color:#888;"
              "font-weight:normal} td.k{color:#888;padding-right:14px;white-space:nowrap}"
              " td{padding:2px 4px;vertical-align:top} code{font-family:monospace}</style>")
     return style + "".join(parts)
+
+
+def evaluation_html(found: Any) -> list[str]:
+    """The evaluation set(s) of an entry (`show`'s `evaluation`: one for an adapter, one
+    per adapter for a variant) with the latest scores kept on them."""
+    out = []
+    for item in [found] if isinstance(found, dict) else found or []:
+        rows = [_row("set", f"{item['file']} · {item['rows']} items ({item['kind']}) · "
+                            f"attached {item['attached_at']}"),
+                _row("sha256", item["sha256"], mono=True)]
+        for model, per_backend in item["scores"].items():
+            for backend, score in per_backend.items():
+                rows.append(_row(f"{model} ({backend})",
+                                 score_line(model, backend, score).split(": ", 1)[1]))
+        if not item["scores"]:
+            rows.append(_row("scores", "none yet: run it in Evaluate (Ctrl+E)"))
+        out.append(f"<h3>Evaluation set of {html.escape(item['adapter'])}</h3>"
+                   f"<table class='props'>{''.join(rows)}</table>")
+    return out
 
 
 class DetailPane(QWidget):

@@ -45,6 +45,9 @@ class ChatMessage:
     error: str | None = None  # an answer that failed or was stopped says why
     seed: int | None = None  # the seed an answer was sampled with
     finish_reason: str | None = None  # "eos", "stop", "length" ... for answers
+    # What regenerates an answer (engine.runtime.replay: identity, settings, seed,
+    # prompt, token ids); None for answers from before it was recorded.
+    replay: dict[str, Any] | None = None
     # The other versions of this point of the conversation (see the module docstring).
     others: tuple[tuple[ChatMessage, ...], ...] = ()
     version: int = 0
