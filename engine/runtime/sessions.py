@@ -90,6 +90,9 @@ class SideState:
     decode_seconds: float = 0.0
     prompt_seconds: float = 0.0
     reused_tokens: int = 0
+    # What was asked for: a session serves every spec of its identity, and the variant's
+    # own name is not in the identity, so the result is labelled from this spec.
+    spec: SessionSpec | None = None
 
 
 def resident_key(spec: SessionSpec) -> str:
@@ -353,7 +356,7 @@ class SessionManager:
         side.text += side.stops.feed(side.decoder.finish())[0]
         if side.finish != "stop":
             side.text += side.stops.flush()
-        spec = side.session.spec
+        spec = side.spec or side.session.spec
         side.session.generations += 1
         tps = len(side.tokens) / side.decode_seconds if side.decode_seconds > 0 else 0.0
         result = {
@@ -537,7 +540,7 @@ class GenerationTask:
             model = self.manager.residents[resident_key(spec)].model
             sides.append(SideState(name, session, Sampler(self.sampling),
                                    StopMatcher(self.sampling.stop), tokens,
-                                   decoder=model.text_stream()))
+                                   decoder=model.text_stream(), spec=spec))
         self.sides = sides
         return True
 
