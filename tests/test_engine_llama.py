@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from engine.catalog import resolve
-from engine.catalog.store import Catalog
+from engine.catalog.store import AdapterSpec, Catalog
 from engine.errors import EngineError, RefusedError
 from engine.runtime import messages
 from engine.runtime.client import EngineClient
@@ -40,6 +40,21 @@ def test_variant_first_then_base_in_a_fresh_engine(world) -> None:
         assert generate(fresh, catalog, BASE)["token_ids"] == reference["token_ids"]
     finally:
         fresh.close()
+
+
+def test_two_names_for_the_same_parts_share_a_session_and_keep_their_names(world) -> None:
+    """The variant's own name is not in the identity: a variant with the same parts as
+    another is served by the same session, and each result still names its variant."""
+    catalog, client = world
+    catalog.add_variant("va-same", BASE, [AdapterSpec("a", 1.0)])
+    assert resolve.identity(catalog, "va-same") == resolve.identity(catalog, "va")
+    client.call(messages.CloseAll(), timeout=60)
+    va = generate(client, catalog, "va", max_tokens=4)
+    same = generate(client, catalog, "va-same", max_tokens=4)
+    assert same["identity"] == va["identity"] and same["token_ids"] == va["token_ids"]
+    sessions = client.call(messages.Describe(), timeout=60)["sessions"]
+    assert [s["identity"] for s in sessions] == [va["identity"]]  # one session served both
+    assert (va["name"], same["name"]) == ("va", "va-same")
 
 
 def test_killing_the_engine_fails_the_request_and_the_next_one_works(world) -> None:

@@ -5,6 +5,20 @@ cache, a resident context) only if their identities are equal: same backend, sam
 base bytes, the same adapters in the same order with the same bytes and scales, the
 same chat template and BOS policy, the same runtime version and context settings.
 The key is a sha256 of canonical JSON, so it is stable across processes.
+
+The names of the base and of each adapter are in the key on purpose, although they
+change nothing computed. A session is kept under its key together with the spec it was
+opened with, and the engine reports a session's parts by those names (each result's
+`adapters`, `describe`); conversations keep the key of every answer to trace it to the
+catalog entries that produced it. With names out of the key, a request for one entry
+could be served, and reported, as another entry that holds the same bytes. The cost is
+small: the same bytes under two names do not share warm state.
+
+Not in the key, because they change nothing computed: the variant's own name, where
+the files are and where they came from, when they were added, an adapter's default
+scale, and the profile's sampling and system prompt (these travel with each request;
+a system prompt reaches the cache as prompt tokens). tests/test_identity.py checks
+both lists.
 """
 
 from __future__ import annotations
