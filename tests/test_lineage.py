@@ -76,11 +76,13 @@ def test_lineage_goes_by_digest_through_continued_adapters_data_merges_and_varia
         catalog.insert("adapters", record)
     merged = {**base, "name": "merged", "sha256": sha("m"), "path": "/nowhere/m.gguf",
               "curated": False,
-              "merged_from": {"base": {"name": BASE, "sha256": base["sha256"]},
-                              "adapters": [{"name": "c", "sha256": sha("c"), "scale": 0.5},
+              # As engine.catalog.merged records it.
+              "merged_from": {"variant": "v", "base": BASE, "base_sha256": base["sha256"],
+                              "adapters": [{"name": "c", "sha256": sha("c"), "scale": 0.5,
+                                            "rank": 8, "alpha": 16.0},
                                            {"name": "gone", "sha256": sha("0"),
-                                            "scale": 2.0}],
-                              "type": "q8_0"}}
+                                            "scale": 2.0, "rank": 8, "alpha": 16.0}],
+                              "type": "q8_0", "erased": False}}
     catalog.insert("models", merged)
     catalog.add_variant("v", BASE, [AdapterSpec("c", 0.75)])
 
@@ -109,7 +111,7 @@ def test_lineage_goes_by_digest_through_continued_adapters_data_merges_and_varia
     assert looped.children[-1].detail == "(seen above)" and not looped.children[-1].children
 
     parts = lineage.lineage(catalog, "merged")
-    assert parts.detail.startswith("merged model")
+    assert parts.detail == "merged model: variant v, type q8_0"
     assert [(c.role, c.name, c.sha256, c.scale, c.present) for c in parts.children] == [
         ("merged from base", BASE, base["sha256"], None, True),
         ("merged adapter", "c", sha("c"), 0.5, True),

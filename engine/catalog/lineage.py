@@ -118,12 +118,17 @@ def _model(record: dict[str, Any], role: str, index: _Index, seen: frozenset[str
     seen = seen | {sha}
     merged = record.get("merged_from")
     if isinstance(merged, dict):
-        detail = "merged model: " + ", ".join(
-            f"{k} {merged[k]}" for k in ("type", "output_type") if merged.get(k)) or \
-            "merged model"
-        base = merged.get("base") or {}
-        children.append(_by_digest("model", "merged from base", base.get("sha256"),
-                                   base.get("name"), index, seen, depth + 1))
+        # engine.catalog.merged: "base" (name) and "base_sha256", "adapters" with name,
+        # sha256 and scale, "type", "variant", "erased"; a {"name", "sha256"} base too.
+        said = [f"{k} {printable(str(merged[k]), 40)}" for k in ("variant", "type")
+                if merged.get(k)]
+        detail = "merged model" + (f": {', '.join(said)}" if said else "") + (
+            " (labelled erased: the fine-tune did not survive)" if merged.get("erased") else "")
+        base = merged.get("base")
+        base_name, base_sha = ((base.get("name"), base.get("sha256")) if isinstance(base, dict)
+                               else (base, merged.get("base_sha256")))
+        children.append(_by_digest("model", "merged from base", base_sha, base_name, index,
+                                   seen, depth + 1))
         for part in merged.get("adapters") or ():
             if isinstance(part, dict):
                 children.append(_by_digest("adapter", "merged adapter", part.get("sha256"),
