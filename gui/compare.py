@@ -11,17 +11,27 @@ A run is one `Compare` request whose `Reply` this view holds; switching the vari
 the backend stops it and drops it, so nothing of it lands under the new labels. The
 variant list follows catalog changes (`CatalogEvents`: variants), the backend picker
 follows models and adapters (a conversion or the OpenVINO build adds a backend).
+
+Both sides are rendered Markdown (`gui.markdown`). The first differing token is marked
+on its own in both texts and the rest of each divergent tail is shaded lighter: the
+texts are rendered with private-use marker characters around those places, and the
+markers are turned into formats once the HTML is in the document (so a mark can cross
+paragraphs and code blocks). Each side says how it ended (a side cut at max tokens says
+so). Recent comparisons are kept (this session, newest first) so an import, a new
+variant or a switch does not lose one.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QColor, QKeySequence, QPalette, QShortcut, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -34,6 +44,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSpinBox,
+    QSplitter,
     QTextBrowser,
     QVBoxLayout,
     QWidget,
@@ -47,33 +58,104 @@ from engine.runtime.messages import Compare, Prompt
 from gui.backend_picker import BackendPicker
 from gui.catalog_events import CatalogEvents, touches
 from gui.engine_client import QtEngineClient, Reply
+from gui.markdown import render as render_markdown
 from gui.widgets.logprob_chart import LogprobChart
 
 MARK = "background-color:rgba(224,118,43,0.28)"
+TOKEN_COLOR = QColor(224, 118, 43, 150)  # the first differing token, on its own
+TAIL_COLOR = QColor(224, 118, 43, 46)  # the rest of the divergent tail, lighter
+TOKEN_START, TAIL_START = "\ue000", "\ue001"  # private use: survive the rendering
+HISTORY = 20
+# At a line's start, Markdown's block syntax must stay first on its line, or a marker
+# would turn a heading, a list item or a code fence into a paragraph.
+BLOCK_SYNTAX = re.compile(r"(?:[ \t]*(?:#{1,6}[ \t]|>[ \t]?|[-*+][ \t]|\d+[.)][ \t]|"
+                          r"(?:`{3,}|~{3,})[^\n]*\n|\|))*")
+# Adapter effect (mean |Δ log p| per token of the base's tokens under the variant):
+# measured for the shipped demo variant (tool-calls, scale 1.0) on five held-out
+# requests: 0.86 to 1.60 nats/token, mean 1.27.
+DEMO_EFFECT = "about 0.9–1.6"
+FINISH = {"eos": "ended (end of text)", "stop": "ended at a stop string",
+          "length": "cut at max tokens", "context": "cut: the context is full"}
+
+
+def finish_text(result: dict[str, Any], max_tokens: int | None = None) -> str:
+    reason = result.get("finish_reason") or ""
+    words = FINISH.get(reason, reason)
+    if reason == "length" and max_tokens:
+        words += f" ({max_tokens})"
+    return words
+
+
+def marked_source(tokens: list[str], divergence: int) -> tuple[str, int, int]:
+    """The text with the marks' places: (text, token start, tail start) as positions
+    where TOKEN_START and TAIL_START go, moved past block syntax at a line's start."""
+    text = "".join(tokens)
+    start = len("".join(tokens[:divergence]))
+    end = start + len(tokens[divergence]) if divergence < len(tokens) else start
+    if start == 0 or text[start - 1] == "\n":
+        start += BLOCK_SYNTAX.match(text, start).end() - start
+        line_end = text.find("\n", start)
+        limit = len(text) if line_end < 0 else line_end
+        end = min(max(end, start + 1), max(limit, start))
+    return text, start, max(end, start)
 
 
 class _Side:
     def __init__(self, title: str) -> None:
         self.title = QLabel(title)
         self.browser = QTextBrowser()
+        self.browser.setOpenLinks(False)
         self.tokens: list[list[Any]] = []  # [token id, logprob, text]
         self.text = ""
         self.result: dict[str, Any] | None = None
+        self.marks: tuple[str, str] = ("", "")  # (the token marked, the tail shaded)
 
     def reset(self, title: str) -> None:
         self.title.setText(title)
         self.tokens, self.text, self.result = [], "", None
+        self.marks = ("", "")
         self.browser.setPlainText("")
 
+    def _dark(self) -> bool:
+        return self.browser.palette().color(QPalette.ColorRole.Base).lightness() < 128
+
     def render(self, divergence: int | None = None) -> None:
+        """Rendered Markdown; from `divergence` on, the token marked, the tail shaded."""
+        texts = [t[2] for t in self.tokens]
         if divergence is None or divergence >= len(self.tokens):
-            self.browser.setHtml(f"<div style='white-space:pre-wrap'>"
-                                 f"{html.escape(self.text)}</div>")
+            self.browser.setHtml(render_markdown(self.text, self._dark(),
+                                                 copy_links=False).html)
+            self.marks = ("", "")
             return
-        head = "".join(t[2] for t in self.tokens[:divergence])
-        tail = "".join(t[2] for t in self.tokens[divergence:])
-        self.browser.setHtml(f"<div style='white-space:pre-wrap'>{html.escape(head)}"
-                             f"<span style='{MARK}'>{html.escape(tail)}</span></div>")
+        text, start, end = marked_source(texts, divergence)
+        source = text[:start] + TOKEN_START + text[start:end] + TAIL_START + text[end:]
+        self.browser.setHtml(render_markdown(source, self._dark(), copy_links=False).html)
+        document = self.browser.document()
+        positions = []
+        for marker in (TOKEN_START, TAIL_START):
+            found = document.find(marker)
+            if found.isNull():
+                positions.append(None)
+                continue
+            positions.append(found.selectionStart())
+            found.removeSelectedText()
+        first, tail = positions
+        if first is None or tail is None:
+            return
+        cursor = QTextCursor(document)
+        last = document.characterCount() - 1
+        marked = []
+        for low, high, color in ((first, tail, TOKEN_COLOR), (tail, last, TAIL_COLOR)):
+            if high <= low:
+                marked.append("")
+                continue
+            cursor.setPosition(low)
+            cursor.setPosition(high, QTextCursor.MoveMode.KeepAnchor)
+            marked.append(cursor.selectedText())
+            style = QTextCharFormat()
+            style.setBackground(color)
+            cursor.mergeCharFormat(style)
+        self.marks = (marked[0], marked[1])
 
 
 class CompareView(QWidget):
@@ -118,6 +200,19 @@ class CompareView(QWidget):
         self.export_json = QPushButton("Export JSON…")
         self.export_json.clicked.connect(lambda: self._export("json"))
         QShortcut(QKeySequence("Ctrl+Return"), self.prompt, activated=self.run)
+        # Recent comparisons (this session): an import or a switch does not lose one.
+        self.history: list[dict[str, Any]] = []
+        self.recent = QComboBox()
+        self.recent.setToolTip("Recent comparisons: choose one to show it again")
+        self.recent.setAccessibleName("Recent comparisons")
+        self.recent.setPlaceholderText("Recent comparisons")
+        self.recent.activated.connect(self._show_recent)
+        self.recent.setEnabled(False)
+        for widget, name in ((self.variant, "Variant to compare"),
+                             (self.prompt, "Prompt for both sides"),
+                             (self.run_button, "Compare"), (self.max_tokens, "Max tokens"),
+                             (self.temperature, "Temperature"), (self.seed, "Seed")):
+            widget.setAccessibleName(name)
 
         settings = QFormLayout()
         top = QHBoxLayout()
@@ -132,6 +227,7 @@ class CompareView(QWidget):
             row.addWidget(widget)
         row.addWidget(self.chat)
         row.addStretch(1)
+        row.addWidget(self.recent)
         row.addWidget(self.run_button)
         row.addWidget(self.stop_button)
 
@@ -155,9 +251,18 @@ class CompareView(QWidget):
         layout.addLayout(settings)
         layout.addWidget(self.prompt)
         layout.addLayout(row)
-        layout.addLayout(grid, 1)
-        layout.addLayout(bottom)
-        layout.addWidget(self.plot)
+        # The texts and the plot share the height: the plot can be made taller.
+        texts = QWidget()
+        texts_layout = QVBoxLayout(texts)
+        texts_layout.setContentsMargins(0, 0, 0, 0)
+        texts_layout.addLayout(grid, 1)
+        texts_layout.addLayout(bottom)
+        self.split = QSplitter(Qt.Orientation.Vertical)
+        self.split.addWidget(texts)
+        self.split.addWidget(self.plot)
+        self.split.setStretchFactor(0, 3)
+        self.split.setStretchFactor(1, 2)
+        layout.addWidget(self.split, 1)
 
         events.catalogChanged.connect(self._catalog_changed)
         self.set_variants(self._catalog_variants())
@@ -321,6 +426,12 @@ class CompareView(QWidget):
     @Slot(object)
     def _on_finished(self, result: Any) -> None:
         self._drop_reply()
+        self.show_result(result)
+        self.busyChanged.emit(False)
+
+    def show_result(self, result: dict[str, Any]) -> None:
+        """A finished comparison: both texts marked, speeds, endings, plot, summary;
+        kept in the recent comparisons."""
         self.result = result
         div = result["first_divergence"]
         for side in (self.base_side, self.variant_side):
@@ -328,15 +439,56 @@ class CompareView(QWidget):
             side.text = side.result["text"]
             side.render(div)
         base, variant = result["base"], result["variant"]
+        limit = (self.params or {}).get("sampling", {}).get("max_tokens")
         self.base_side.title.setText(self.base_side.title.text() +
-                                     f" · {base['tokens_per_second']:.1f} tok/s")
+                                     f" · {base['tokens_per_second']:.1f} tok/s · "
+                                     f"{finish_text(base, limit)}")
         self.variant_side.title.setText(self.variant_side.title.text() +
-                                        f" · {variant['tokens_per_second']:.1f} tok/s")
+                                        f" · {variant['tokens_per_second']:.1f} tok/s · "
+                                        f"{finish_text(variant, limit)}")
         # The final figures: the engine's log-probabilities, whole.
         self.plot.set_data(base["logprobs"], variant["logprobs"], div, self._token_texts())
         self.summary.setText(summary_text(result))
+        self._remember()
         self._update_buttons()
-        self.busyChanged.emit(False)
+
+    # ---------------------------------------------------------------- history
+
+    def _remember(self) -> None:
+        assert self.result is not None
+        entry = {"time": time.time(), "variant": self.variant.currentText(),
+                 "params": self.params, "result": self.result,
+                 "titles": (self.base_side.title.text(), self.variant_side.title.text()),
+                 "tokens": (list(self.base_side.tokens), list(self.variant_side.tokens))}
+        self.history.insert(0, entry)
+        del self.history[HISTORY:]
+        self.recent.clear()
+        for item in self.history:
+            prompt = " ".join(str(item["params"]["prompt"]["text"]).split())
+            self.recent.addItem(time.strftime("%H:%M:%S", time.localtime(item["time"])) +
+                                f" · {item['variant']} · {prompt[:40]}")
+        self.recent.setCurrentIndex(0)
+        self.recent.setEnabled(True)
+
+    def _show_recent(self, index: int) -> None:
+        if not 0 <= index < len(self.history) or self.reply is not None:
+            return
+        entry = self.history[index]
+        self.result, self.params = entry["result"], entry["params"]
+        div = self.result["first_divergence"]
+        for side, name, title, tokens in ((self.base_side, "base", entry["titles"][0],
+                                           entry["tokens"][0]),
+                                          (self.variant_side, "variant", entry["titles"][1],
+                                           entry["tokens"][1])):
+            side.title.setText(title)
+            side.tokens = list(tokens)
+            side.result = self.result[name]
+            side.text = side.result["text"]
+            side.render(div)
+        self.plot.set_data(self.result["base"]["logprobs"], self.result["variant"]["logprobs"],
+                           div, self._token_texts())
+        self.summary.setText(summary_text(self.result))
+        self._update_buttons()
 
     @Slot(str, list)
     def _on_failed(self, message: str, _details: list) -> None:
@@ -373,43 +525,82 @@ class CompareView(QWidget):
         if self.result is None:
             return
         suffix = ".md" if kind == "md" else ".json"
+        filters = "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
         path, _ = QFileDialog.getSaveFileName(self, "Export comparison",
-                                              f"comparison{suffix}")
+                                              f"comparison{suffix}",
+                                              f"{filters};;All files (*)")
         if path:
+            if not Path(path).suffix:
+                path += suffix
             Path(path).write_text(self.export_text(kind), encoding="utf-8")
             self.summary.setText(self.summary.text() + f"<br>exported to {html.escape(path)}")
+
+
+def effect_scale(effect: float) -> str:
+    """What an adapter effect (nats/token) means, in words."""
+    if effect <= 1e-6:
+        return "none"
+    if effect < 0.05:
+        return "small"
+    if effect < 0.5:
+        return "moderate"
+    return "large"
 
 
 def summary_text(result: dict[str, Any]) -> str:
     div = result["first_divergence"]
     effect = result["adapter_effect"]
     where = ("the two sides never differ" if div is None else
-             f"first divergence at token {div} (highlighted)")
+             f"first divergence at token {div} (highlighted: that token on its own, the rest "
+             "lighter)")
+    scales = [a["scale"] for a in result.get("variant", {}).get("adapters", [])]
+    at = ", ".join(f"{s:g}" for s in scales)
     if effect is None:
         figure = "adapter effect: n/a (the base produced no tokens)"
+    elif scales and all(s == 0 for s in scales):
+        figure = (f"<b>adapter effect {effect:.4f} nats/token</b> at scale 0: the adapter "
+                  "is switched off, so 0 is expected")
     else:
         verdict = ("the adapter is applied" if effect > 1e-6 else
                    "no measurable effect: the adapter changes nothing here")
-        figure = (f"<b>adapter effect {effect:.4f} nats/token</b> — the base's tokens scored "
-                  f"by the variant differ by this much in log-probability on average; "
-                  f"{verdict}")
+        figure = (f"<b>adapter effect {effect:.4f} nats/token</b>"
+                  + (f" at scale {at}" if at else "") +
+                  f" — {effect_scale(effect)}: the base's own tokens, scored by the variant, "
+                  f"change log-probability by this much on average (under 0.05 is small, "
+                  f"over 0.5 large; the demo variant at scale 1: {DEMO_EFFECT}); {verdict}")
     return f"{where} · {figure}"
 
 
+def fence_for(text: str) -> str:
+    """A code fence longer than any run of backticks in `text`: the text cannot close it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _setting(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(json.dumps(v) for v in value) if value else "none"
+    return str(value)
+
+
 def comparison_markdown(params: dict[str, Any], result: dict[str, Any]) -> str:
-    lines = ["# Variant comparison", "", f"**Prompt:** {params['prompt']['text']}", "",
+    prompt = str(params["prompt"]["text"])
+    fence = fence_for(prompt)
+    lines = ["# Variant comparison", "", "**Prompt:**", "", f"{fence}text", prompt, fence, "",
              "| setting | value |", "| --- | --- |"]
     for key, value in params["sampling"].items():
-        lines.append(f"| {key} | {value} |")
+        lines.append(f"| {key} | {_setting(value).replace('|', chr(92) + '|')} |")
+    limit = params["sampling"].get("max_tokens")
     for side in ("base", "variant"):
         r = result[side]
         lines += ["", f"## {side.title()}: {r['name']}", "",
                   f"- identity: `{r['identity']}`", f"- backend: {r['backend']}",
                   f"- tokens: {len(r['token_ids'])}, {r['tokens_per_second']:.1f} tok/s, "
-                  f"finish: {r['finish_reason']}"]
+                  f"{finish_text(r, limit)}"]
         for a in r.get("adapters", []):
             lines.append(f"- adapter {a['name']} scale {a['scale']:g} sha256 `{a['sha256']}`")
-        lines += ["", "```text", r["text"], "```"]
+        fence = fence_for(r["text"])
+        lines += ["", f"{fence}text", r["text"], fence]
     div = result["first_divergence"]
     effect = result["adapter_effect"]
     lines += ["", f"**First divergence:** {'none' if div is None else f'token {div}'}",

@@ -23,8 +23,12 @@ def test_logprob_chart_plots_both_sides_and_marks_the_divergence(qtbot, monkeypa
                    {"base": ["The", " sea", "!"], "variant": ["A", " wave"]})
     assert points(chart.base_series) == [(0, -0.5), (1, -2.5), (2, -0.25)]
     assert points(chart.variant_series) == [(0, -0.125), (1, -0.75)]
-    assert points(chart.divergence_line) == [(1, -2.5), (1, 0.0)]
-    assert (chart.y_axis.min(), chart.y_axis.max()) == (-2.5, 0.0)
+    # Room below the lowest value and above 0: no point on the edge, no line cut.
+    low, high = chart.y_axis.min(), chart.y_axis.max()
+    assert -3.0 < low < -2.5 and 0.0 < high < 0.5
+    assert points(chart.divergence_line) == [(1, low), (1, high)]
+    assert chart.minimumHeight() >= 220
+    assert chart.rubberBand() == chart.RubberBand.HorizontalRubberBand  # drag to zoom
     assert (chart.x_axis.min(), chart.x_axis.max()) == (0, 2) and chart.chart_.title() == ""
     shown: list[str] = []
     monkeypatch.setattr(chart, "tooltip", shown.append)

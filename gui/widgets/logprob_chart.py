@@ -1,10 +1,16 @@
 """The comparison's plot: per-token log-probability of the chosen token, base and
-variant, with the first divergence marked (QtCharts; values on hover)."""
+variant, with the first divergence marked (QtCharts; values on hover; drag to zoom
+into a range of tokens, right-click to zoom out, double-click to see everything).
+The y axis has room below the lowest value and above 0, so no point sits on the edge
+and no line is cut."""
 
 from __future__ import annotations
 
+import math
+
+from PySide6.QtCharts import QChartView
 from PySide6.QtCore import QPointF, Qt
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QColor, QMouseEvent
 from PySide6.QtWidgets import QWidget
 
 from gui.widgets.charting import ChartView
@@ -20,9 +26,11 @@ class LogprobChart(ChartView):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("run a comparison to see per-token log-probabilities",
                          "token", "log p", parent)
-        self.setMinimumHeight(170)
+        self.setMinimumHeight(220)
+        self.setRubberBand(QChartView.RubberBand.HorizontalRubberBand)
         self.setToolTip("log-probability of each chosen token (higher = more confident); "
-                        "the dashed line marks the first divergence")
+                        "the dashed line marks the first divergence. Drag to zoom, "
+                        "right-click to zoom out, double-click to see every token")
         self.base: list[float] = []
         self.variant: list[float] = []
         self.divergence: int | None = None
@@ -42,18 +50,29 @@ class LogprobChart(ChartView):
                  texts: dict[str, list[str]] | None = None) -> None:
         self.base, self.variant, self.divergence = list(base), list(variant), divergence
         self.texts = texts or {"base": [], "variant": []}
-        self.base_series.replace([QPointF(i, v) for i, v in enumerate(self.base)])
-        self.variant_series.replace([QPointF(i, v) for i, v in enumerate(self.variant)])
-        values = self.base + self.variant
-        low = min(min(values, default=-1.0), -1.0)
+        finite = [v for v in self.base + self.variant if math.isfinite(v)]
+        lowest = min(min(finite, default=-1.0), -1.0)
+        # -inf (a token the sampler could never pick) is drawn at the floor, not lost.
+        floor = lowest - max(0.08 * -lowest, 0.1)
+        self.base_series.replace([QPointF(i, v if math.isfinite(v) else floor)
+                                  for i, v in enumerate(self.base)])
+        self.variant_series.replace([QPointF(i, v if math.isfinite(v) else floor)
+                                     for i, v in enumerate(self.variant)])
         count = max(len(self.base), len(self.variant))
+        self.chart_.zoomReset()
         self.set_x_range(0, max(count - 1, 1))
-        self.y_axis.setRange(low, 0.0)
+        top = max(0.05 * -lowest, 0.05)
+        self.y_axis.setRange(floor, top)
         if divergence is not None and divergence < count:
-            self.divergence_line.replace([QPointF(divergence, low), QPointF(divergence, 0.0)])
+            self.divergence_line.replace([QPointF(divergence, floor),
+                                          QPointF(divergence, top)])
         else:
             self.divergence_line.clear()
         self.show_hint(count == 0)
+
+    def mouseDoubleClickEvent(self, event: QMouseEvent) -> None:
+        self.chart_.zoomReset()
+        super().mouseDoubleClickEvent(event)
 
     def _hover(self, side: str, point: QPointF) -> None:
         values = self.base if side == "base" else self.variant

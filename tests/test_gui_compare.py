@@ -1,0 +1,131 @@
+"""A comparison anyone can read (offscreen, from a comparison's result, no model run):
+rendered Markdown on both sides, the first differing token marked on its own and the
+tail shaded lighter (also at token 0 and at a heading), how each side ended, the adapter
+effect in words with its scale, recent comparisons kept across a switch, and a Markdown
+export whose fences the content cannot close, saved through *.md / *.json filters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PySide6.QtCore import Qt
+
+from engine.catalog.store import AdapterSpec
+from engine.curated.demo import VARIANT_NAME
+from gui.compare import TAIL_COLOR, TOKEN_COLOR, comparison_markdown, fence_for, summary_text
+from gui.main_window import MainWindow
+
+
+def fragments(browser) -> dict[str, str]:  # noqa: ANN001
+    """Text by background: 'token', 'tail' or 'plain' (blocks joined with '|')."""
+    out = {"token": "", "tail": "", "plain": ""}
+    block = browser.document().begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            brush = fragment.charFormat().background()
+            color = brush.color() if brush.style() != Qt.BrushStyle.NoBrush else None
+            key = ("token" if color == TOKEN_COLOR else "tail" if color == TAIL_COLOR
+                   else "plain")
+            out[key] += fragment.text()
+            it += 1
+        block = block.next()
+        for key in out:
+            out[key] += "|"
+    return {k: " ".join(v.replace("|", " ").split()) for k, v in out.items()}
+
+
+def side(text_tokens: list[str], name: str, finish: str = "eos") -> dict[str, Any]:
+    return {"name": name, "text": "".join(text_tokens), "token_ids": list(range(len(
+        text_tokens))), "logprobs": [-0.5] * len(text_tokens), "tokens_per_second": 12.0,
+        "finish_reason": finish, "identity": "f" * 64, "backend": "llama",
+        "adapters": [{"name": "tool-calls-lora", "scale": 1.0, "sha256": "a" * 64}]}
+
+
+def show(view, base: list[str], variant: list[str], div: int, effect: float = 1.2,
+         finish: str = "eos", prompt: str = "Hi") -> dict:  # noqa: ANN001
+    result = {"base": side(base, "base"), "variant": side(variant, VARIANT_NAME, finish),
+              "first_divergence": div, "adapter_effect": effect}
+    view.params = {"prompt": {"text": prompt, "chat": True},
+                   "sampling": {"max_tokens": 8, "temperature": 0.0, "stop": []}}
+    view.base_side.reset("Base")
+    view.variant_side.reset("Variant")
+    view.base_side.tokens = [[i, -0.5, t] for i, t in enumerate(base)]
+    view.variant_side.tokens = [[i, -0.5, t] for i, t in enumerate(variant)]
+    view.show_result(result)
+    return result
+
+
+def test_the_first_differing_token_is_marked_on_its_own_in_rendered_text(
+        window: MainWindow) -> None:
+    view = window.compare
+    base = ["The", " sea", " is", " **calm**", " today."]
+    variant = ["The", " waves", " are", " *high*", ".\n\n", "```", "python\n", "x = 1\n",
+               "```"]
+    show(view, base, variant, 1, finish="length")
+    marked = fragments(view.base_side.browser)
+    assert marked == {"plain": "The", "token": "sea", "tail": "is calm today."}
+    assert "**" not in view.base_side.browser.toPlainText()  # Markdown, rendered
+    cursor = view.base_side.browser.document().find("calm")
+    assert cursor.charFormat().fontWeight() > 400  # bold
+    marked = fragments(view.variant_side.browser)
+    assert marked["token"] == "waves" and marked["tail"].startswith("are high") and \
+        "x = 1" in marked["tail"] and "```" not in view.variant_side.browser.toPlainText()
+    assert "cut at max tokens (8)" in view.variant_side.title.text()
+    assert "ended (end of text)" in view.base_side.title.text()
+
+    # At token 0: the first token alone is marked, not the whole text.
+    show(view, ["Hello", " there", "!"], ["Hi", " there", "!"], 0)
+    assert fragments(view.base_side.browser) == {"plain": "", "token": "Hello",
+                                                 "tail": "there!"}
+    # A heading at the divergence stays a heading; its text is what is marked.
+    show(view, ["# Title", "\n", "body"], ["# Other", "\n", "text"], 0)
+    browser = view.variant_side.browser
+    assert browser.document().begin().blockFormat().headingLevel() == 1
+    assert fragments(browser)["token"].startswith("O")
+
+
+def test_the_summary_explains_the_effect_and_the_history_survives_a_switch(
+        window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    view = window.compare
+    result = show(view, ["A"], ["B"], 0, effect=1.31)
+    text = view.summary.text()
+    assert "1.3100 nats/token</b> at scale 1 — large" in text
+    assert "under 0.05 is small, over 0.5 large" in text and "demo variant" in text
+    zero = dict(result, variant=dict(result["variant"], adapters=[
+        {"name": "x", "scale": 0.0, "sha256": "b" * 64}]), adapter_effect=0.0)
+    assert "at scale 0: the adapter is switched off, so 0 is expected" in summary_text(zero)
+
+    # A switch of variant (as an import or a new variant makes) keeps it in the history.
+    window.catalog.add_variant("other", "smollm2-135m-instruct",
+                               [AdapterSpec("tool-calls-lora", 0.5)])
+    window.events.changed(["variant"], ["other"])
+    view.select_variant("other")
+    assert view.result is None and view.recent.count() == 1
+    view.recent.activated.emit(0)
+    assert view.result is result and view.variant_side.text == "B"
+    assert fragments(view.variant_side.browser)["token"] == "B"
+
+    # Exports: fences the content cannot close; words, not Python values.
+    tricky = show(view, ["x"], ["Here:\n", "````", "\ncode\n", "````"], 0,
+                  prompt="Use ``` fences")
+    assert fence_for("a ```` b") == "`````" and fence_for("plain") == "```"
+    md = comparison_markdown(view.params, tricky)
+    assert "`````text\nHere:\n````\ncode\n````\n`````" in md
+    assert "````text\nUse ``` fences\n````" in md
+    assert "| stop | none |" in md and "[]" not in md
+    asked: list[str] = []
+
+    def save(_parent, _title, name, filters):  # noqa: ANN001, ANN202
+        asked.append(filters)
+        return str(tmp_path / Path(name).stem), filters
+
+    monkeypatch.setattr("gui.compare.QFileDialog.getSaveFileName", save)
+    view._export("md")
+    view._export("json")
+    assert asked == ["Markdown (*.md);;All files (*)", "JSON (*.json);;All files (*)"]
+    assert (tmp_path / "comparison.md").read_text(encoding="utf-8") == md
+    assert '"adapter_effect"' in (tmp_path / "comparison.json").read_text(encoding="utf-8")
