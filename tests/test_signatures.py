@@ -477,3 +477,42 @@ def test_the_window_shows_the_signature_badge_row_and_the_lineage(
     assert rows[0][2] == record["sha256"]
     assert [r[2] for r in rows if r[1] == "data train.jsonl"] == [
         record["provenance"]["data_sha256"]]
+
+
+def test_a_demo_seeded_before_signatures_adopts_the_shipped_one(
+        studio_home: Path, base_info: BaseModelInfo) -> None:
+    from engine.formats import lora_io
+
+    catalog = Catalog()
+    setup.first_run(catalog, with_demo=True)
+    record = catalog.adapter(demo.ADAPTER_NAME)
+    folder = Path(record["path"]).parent
+    (folder / signatures.SIGNATURE_FILE).unlink()
+    # Its OpenVINO file as an older conversion left it: no record of how it was made.
+    target_sha = "f" * 64
+    peft = lora_io.convert_file(Path(record["path"]), studio_home / "adapters" /
+                                demo.ADAPTER_NAME / "openvino", base_info.head_count,
+                                base_info.head_count_kv, "llama",
+                                rebase=(record["base_sha256"], target_sha))
+    entry = {"backend": "openvino", "format": "peft", "base": "ov", "base_sha256": target_sha,
+             "path": str(peft / "adapter_model.safetensors"),
+             "sha256": digest.hash_uncached(peft / "adapter_model.safetensors")[0],
+             "config_sha256": digest.hash_uncached(peft / "adapter_config.json")[0]}
+
+    def attach(data: dict) -> dict:
+        data["adapters"][demo.ADAPTER_NAME]["files"] = {"openvino": entry}
+        return data
+
+    catalog.state.update(attach)
+    assert signatures.verify_adapter(catalog, demo.ADAPTER_NAME).status == "unsigned"
+    assert signatures.verify_backend_file(catalog, demo.ADAPTER_NAME, "openvino").status \
+        == "unsigned"
+    setup.first_run(catalog)  # the next start
+    assert signatures.verify_adapter(catalog, demo.ADAPTER_NAME).ok
+    converted = signatures.verify_backend_file(catalog, demo.ADAPTER_NAME, "openvino")
+    assert converted.ok and converted.derived and converted.signer == "release"
+    # Stored bytes that are not the signed ones get no signature.
+    (folder / signatures.SIGNATURE_FILE).unlink()
+    flip_byte(folder / "adapter.gguf")
+    assert not demo.adopt_signature(catalog)
+    assert not (folder / signatures.SIGNATURE_FILE).exists()

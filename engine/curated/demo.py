@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import digest, evaluation, imports
+from engine.catalog import digest, evaluation, imports, signatures
 from engine.catalog.store import AdapterSpec, Catalog
 from engine.curated import embedded
 from engine.errors import StudioError
@@ -77,6 +78,54 @@ def seed_catalog(catalog: Catalog) -> bool:
         return False
     attach_heldout(catalog)
     return True
+
+
+def adopt_signature(catalog: Catalog) -> bool:
+    """A demo seeded before signatures existed gets what a new one has: the shipped
+    signature in its store folder, when the stored files are the ones it signs, and the
+    record of how its OpenVINO file was converted, when converting again gives that
+    file's bytes. Otherwise nothing changes (the engine then refuses the curated demo,
+    saying why). True if something was adopted."""
+    try:
+        record = catalog.adapter(ADAPTER_NAME)
+    except StudioError:
+        return False
+    if not record.get("curated"):
+        return False
+    adopted = False
+    folder = signatures.adapter_folder(record)
+    shipped = resources_dir() / signatures.SIGNATURE_FILE
+    if shipped.is_file() and not (folder / signatures.SIGNATURE_FILE).exists():
+        shutil.copyfile(shipped, folder / signatures.SIGNATURE_FILE)
+        if signatures.verify_adapter(catalog, ADAPTER_NAME).ok:
+            adopted = True
+        else:
+            (folder / signatures.SIGNATURE_FILE).unlink()
+    entry = record.get("files", {}).get("openvino")
+    if entry is not None and "converted_from" not in entry:
+        try:
+            meta = catalog.model(record["base"])["metadata"]
+            made = {"sha256": record["sha256"], "n_head": int(meta["head_count"]),
+                    "n_head_kv": int(meta["head_count_kv"]),
+                    "architecture": str(meta.get("architecture") or "llama"),
+                    "rebase": [record["base_sha256"], entry["base_sha256"]]}
+            derivation = signatures.derivation_of(record, {"converted_from": made})
+            assert derivation is not None
+            found = signatures.verify_derived(
+                Path(entry["path"]), entry["sha256"], entry.get("config_sha256"), derivation,
+                signatures.verify_adapter(catalog, ADAPTER_NAME))
+        except (StudioError, KeyError, TypeError, ValueError):
+            return adopted
+        if found.ok:
+            def note(data: dict) -> dict:
+                files = data["adapters"].get(ADAPTER_NAME, {}).get("files", {})
+                if files.get("openvino", {}).get("sha256") == entry["sha256"]:
+                    files["openvino"]["converted_from"] = made
+                return data
+
+            catalog.state.update(note)
+            adopted = True
+    return adopted
 
 
 def attach_heldout(catalog: Catalog) -> None:

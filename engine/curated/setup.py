@@ -25,6 +25,7 @@ def first_run(catalog: Catalog, with_demo: bool = False) -> bool:
     if catalog.exists():
         catalog.data()  # sets a corrupt file aside, raises for an unknown layout
         if catalog.exists():
+            demo.adopt_signature(catalog)  # a demo seeded before signatures existed
             return False
     record = _embedded_record()
     created = False
