@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Any
 
-from engine.catalog import evaluation, health, resolve, validation
+from engine.catalog import evaluation, health, merged, resolve, validation
 from engine.catalog.signatures import Verdict, check_row
 from engine.catalog.signatures import entry as signature_entry
 from engine.catalog.store import BACKENDS, Catalog, now_iso
@@ -32,9 +32,12 @@ def list_entries(catalog: Catalog, pending: Pending = ()) -> dict[str, list[dict
     models = []
     for record in data["models"].values():
         status = catalog.verify_base(record["name"])
-        models.append({**_public(record), "built": True,
-                       "status": "ok" if status.ok else "changed",
-                       "problem": None if status.ok else status.detail})
+        entry = {**_public(record), "built": True,
+                 "status": "ok" if status.ok else "changed",
+                 "problem": None if status.ok else status.detail}
+        if "merged_from" in record:  # what a library badge needs: a merge, erased or not
+            entry["merged_from"] = merged.badge(record["merged_from"])
+        models.append(entry)
     models.extend(pending)
     adapters = [_public(r) for r in data["adapters"].values()]
     variants = [variant_entry(catalog, r) for r in data["variants"].values()]
@@ -90,6 +93,11 @@ def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, 
         for key in ("built_from", "counterparts"):
             if key in record:
                 out[key] = record[key]
+        if "merged_from" in record:
+            # A merge is a plain base now: say so first, with how it was made.
+            out["merge"] = merged.summary(record["merged_from"])
+            out["merged_from"] = record["merged_from"]
+            out["checks"].append(merged.check(record).to_dict())
     elif kind == "adapter":
         report = health.recheck_adapter(catalog, name)
         out = {**_public(record), "config_sha256": record.get("config_sha256"),

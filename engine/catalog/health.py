@@ -15,7 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import digest, validation
+from engine.catalog import digest, merged, validation
 from engine.catalog.resolve import identity
 from engine.catalog.store import Catalog
 from engine.errors import Cancelled, RefusedError, StudioError
@@ -223,8 +223,16 @@ def catalog_checks(catalog: Catalog) -> list[validation.Check]:
     """One check per base model, adapter file and variant."""
     checks = []
     data = catalog.data()
-    for name in data["models"]:
+    for name, record in data["models"].items():
         status = catalog.verify_base(name)
+        if "merged_from" in record:
+            # A merged model is served as a plain base: say what it is, and warn when it
+            # was kept although its fine-tune did not survive.
+            found = merged.check(record)
+            checks.append(validation.Check(
+                f"model {name}", "fail" if not status.ok else found.status,
+                f"{status.detail}; {found.detail}"))
+            continue
         checks.append(validation.Check(f"model {name}", "pass" if status.ok else "fail",
                                        status.detail))
     for name in data["adapters"]:

@@ -24,6 +24,7 @@ from engine.cli import (
     export_cmds,
     health_cmds,
     lineage_cmds,
+    merge_cmds,
     run_cmds,
     score_cmds,
     serve_cmds,
@@ -60,6 +61,7 @@ COMMANDS: dict[str, Command] = {
     "score": score_cmds.cmd_score,
     "eval": score_cmds.cmd_eval,
     "replay": score_cmds.cmd_replay,
+    "merge": merge_cmds.cmd_merge,
 }
 READ_ONLY = frozenset({"list", "show", "status", "doctor", "verify", "lineage"})
 FRONTENDS = "variant_studio.frontends"

@@ -143,6 +143,7 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
     skip = {"name", "kind", "checks", "metadata", "identity_detail", "provenance", "profile",
             "files", "backends", "evaluation"}
     skip.add("signature")  # one line, below
+    skip.add("merged_from")  # `merge` says it in a line; the figures are in --json
     pending = entry.get("built") is False
     if pending:  # the OpenVINO default before its first use: say how it gets built
         print(f"  not built yet: {entry['how']}")
