@@ -1,5 +1,6 @@
-"""The export command: what another server engine (llama-server, vLLM) needs to serve a
-variant, written into one folder with a manifest and a README for its team."""
+"""The export command: what another server engine (llama-server, vLLM, OpenVINO Model
+Server) needs to serve a variant, written into one folder with a manifest and a README
+for its team."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ def cmd_export(catalog: Catalog, args: argparse.Namespace) -> int:
             print(f"export: {stage}", file=sys.stderr, flush=True)
 
     manifest = export_variant(catalog, args.name, args.target, args.out,
-                              copy_base=args.copy_base, progress=progress)
+                              copy_base=args.copy_base, progress=progress,
+                              merge_type=args.merge_type, eval_rows=args.eval_rows,
+                              task_rows=args.task_rows)
     out = args.out.expanduser().absolute()
     if args.json:
         emit_json({"dir": str(out), **manifest})
@@ -27,7 +30,15 @@ def cmd_export(catalog: Catalog, args: argparse.Namespace) -> int:
           f"({len(manifest['files']) + 1} files, {size / 1e6:.1f} MB; identity "
           f"{manifest['variant']['identity'][:12]})")
     base = manifest["base"]
-    if base.get("hf_folder"):
+    if base.get("merged"):
+        found = manifest["merge"]
+        print(f"  merged ({base['merge_type']}; the model server has no LoRA for text "
+              f"generation): behaviour survival {found['survival']:.3f} (threshold "
+              f"{found['threshold']:g}), the stored change carries "
+              f"{found['weights']['delta_retained']:.1%} of the adapters' delta")
+        print(f"  model: {base['folder']}/ (OpenVINO IR, {base['layers_named']} projections "
+              f"named by structure), config.json, {base['folder']}/graph.pbtxt")
+    elif base.get("hf_folder"):
         print(f"  base: {base['hf_folder']}/ (Hugging Face, {base['dtype']}, converted from "
               f"{base['name']} sha256 {base['sha256'][:16]}…)")
     elif base.get("copied"):
@@ -36,6 +47,10 @@ def cmd_export(catalog: Catalog, args: argparse.Namespace) -> int:
         print(f"  base: referenced, {base['path']} (sha256 {base['sha256'][:16]}…; "
               "--copy-base copies it)")
     for adapter in manifest["adapters"]:
+        if adapter.get("folded"):
+            print(f"  adapter {adapter['name']} @ {adapter['scale']:g} (folded into the "
+                  "weights)")
+            continue
         where = f" -> {adapter['file']}" if adapter.get("file") else ""
         print(f"  adapter {adapter['name']} @ {adapter['scale']:g}{where}")
         peft = adapter.get("catalog_peft")

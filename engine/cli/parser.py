@@ -83,7 +83,40 @@ def build_parser() -> argparse.ArgumentParser:
     _export_parser(sub)
     _trust_parser(sub)
     _score_parser(sub)
+    _merge_parser(sub)
     return parser
+
+
+def _merge_parser(sub: Any) -> None:
+    from engine.formats.merge import MERGE_TYPES, SURVIVAL_THRESHOLD
+
+    merge = sub.add_parser("merge", help="fold a variant's adapters into a standalone GGUF "
+                           "base model, measuring what survives the output's quantization "
+                           "(a merge that erases the fine-tune is refused)")
+    merge.add_argument("name", metavar="VARIANT", help="the variant to merge (a llama.cpp "
+                       "variant over a GGUF base)")
+    merge.add_argument("--out", required=True, metavar="NAME",
+                       help="name of the new base model (must be free); its file goes to "
+                            "<data>/merged/NAME/NAME.gguf")
+    merge.add_argument("--type", required=True, type=str.lower, choices=list(MERGE_TYPES),
+                       metavar="TYPE",
+                       help="the output's type: " + ", ".join(MERGE_TYPES) + " (base: the "
+                            "base's own types, each adapted tensor requantized to its "
+                            "original type; the others are quantized by llama.cpp from an "
+                            "F16 merge; 8 bits or more keep a fine-tune, a 4-bit base's own "
+                            "grid erases a small one)")
+    merge.add_argument("--allow-erased", action="store_true", dest="allow_erased",
+                       help=f"keep a merge whose behaviour survival is below "
+                            f"{SURVIVAL_THRESHOLD:g}, labelled erased (default: refused, "
+                            "nothing added)")
+    merge.add_argument("--eval-rows", type=int, dest="eval_rows", metavar="N",
+                       help="measure survival on at most N items of the evaluation set "
+                            "(default: all of it, up to 256; the demo's held-out set has 60)")
+    merge.add_argument("--task-rows", type=int, dest="task_rows", default=16, metavar="N",
+                       help="greedy exact-match accuracy of base, variant and merged model "
+                            "on the first N items with answers (default 16; 0 skips it)")
+    merge.add_argument("--json", action="store_true", help="print the whole report as JSON "
+                       "(also when refused)")
 
 
 def _score_parser(sub: Any) -> None:
@@ -198,18 +231,31 @@ def _serve_parser(sub: Any) -> None:
 
 def _export_parser(sub: Any) -> None:
     export = sub.add_parser("export", help="write what another server engine needs to serve "
-                            "a variant (llama-server or vLLM), with a manifest and a README")
+                            "a variant (llama-server, vLLM or OpenVINO Model Server), with a "
+                            "manifest and a README")
     export.add_argument("name", metavar="VARIANT", help="the variant to export")
-    export.add_argument("--target", required=True, choices=("llama-server", "vllm"),
+    export.add_argument("--target", required=True, choices=("llama-server", "vllm", "ovms"),
                         help="llama-server (the adapter GGUFs, a router-mode preset, a "
-                             "command line, per-request LoRA ids) or vllm (the base in "
-                             "Hugging Face format and the variant as one PEFT adapter)")
+                             "command line, per-request LoRA ids), vllm (the base in "
+                             "Hugging Face format and the variant as one PEFT adapter) or "
+                             "ovms (OpenVINO Model Server: the variant merged, its survival "
+                             "checked, as an OpenVINO IR with config.json and graph.pbtxt)")
     export.add_argument("--out", required=True, type=Path, metavar="DIR",
                         help="the folder to write: new, empty, or a previous export of the "
                              "same variant (then replaced); anything else is refused")
     export.add_argument("--copy-base", action="store_true", dest="copy_base",
                         help="llama-server: copy the base GGUF into DIR (default: reference "
                              "it by path and sha256)")
+    export.add_argument("--merge-type", dest="merge_type", type=str.lower,
+                        choices=("f16", "bf16", "q8_0"),
+                        help="ovms: the merge's type before the IR is built (default f16; "
+                             "8 bits or more, so the fine-tune survives)")
+    export.add_argument("--eval-rows", type=int, dest="eval_rows", metavar="N",
+                        help="ovms: measure the merge's survival on at most N items of the "
+                             "variant's evaluation set (default: all)")
+    export.add_argument("--task-rows", type=int, dest="task_rows", metavar="N",
+                        help="ovms: greedy exact match of base, variant and merged model on "
+                             "the first N items with answers (default 16; 0 skips it)")
     export.add_argument("--json", action="store_true", help="print the manifest as JSON")
 
 

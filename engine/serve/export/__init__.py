@@ -1,10 +1,12 @@
 """Export a variant for another server engine: `export_variant(catalog, name, target,
-out)` writes what a team needs to serve the same variant with llama-server or vLLM.
+out)` writes what a team needs to serve the same variant with llama-server, vLLM or
+OpenVINO Model Server (merged: it has no LoRA for text generation).
 
 Every export folder holds `manifest.json` (each file written with its sha256 and size,
 the variant's identity, base and adapters with digests and scales) and a `README.md`
 for the team that serves it; the targets' own files are described in
-`engine.serve.export.llama_server` and `engine.serve.export.vllm`.
+`engine.serve.export.llama_server`, `engine.serve.export.vllm` and
+`engine.serve.export.ovms`.
 
 Bad input changes nothing. The variant is resolved and every file it is served from
 re-hashed before anything is written; the export is written into a staging folder
@@ -31,7 +33,8 @@ from engine import __version__
 from engine.catalog.store import Catalog, now_iso
 from engine.errors import RefusedError, UsageError
 from engine.formats.safeio import printable
-from engine.serve.export import llama_server, vllm
+from engine.runtime import merge_job
+from engine.serve.export import llama_server, ovms, vllm
 from engine.serve.export.common import (
     MANIFEST,
     MANIFEST_FORMAT,
@@ -43,26 +46,38 @@ from engine.serve.export.common import (
     write_json,
 )
 
-TARGETS = {llama_server.TARGET: llama_server, vllm.TARGET: vllm}
+TARGETS = {llama_server.TARGET: llama_server, vllm.TARGET: vllm, ovms.TARGET: ovms}
 
 
 def export_variant(catalog: Catalog, name: str, target: str, out: Path,
-                   copy_base: bool = False, progress: Progress | None = None
-                   ) -> dict[str, Any]:
-    """Export variant `name` for `target` into folder `out`; returns the manifest."""
+                   copy_base: bool = False, progress: Progress | None = None,
+                   merge_type: str | None = None, eval_rows: int | None = None,
+                   task_rows: int | None = None) -> dict[str, Any]:
+    """Export variant `name` for `target` into folder `out`; returns the manifest.
+
+    `merge_type`, `eval_rows` and `task_rows` are for the OpenVINO Model Server export,
+    which merges the variant (see `engine.serve.export.ovms`)."""
     if target not in TARGETS:
-        raise UsageError(f"unknown export target {target!r} (llama-server or vllm)")
+        raise UsageError(f"unknown export target {target!r} (llama-server, vllm or ovms)")
     if copy_base and target != llama_server.TARGET:
         raise UsageError("--copy-base is for --target llama-server (the vLLM export always "
-                         "holds the base, converted)")
+                         "holds the base, converted; the OVMS export the merged model)")
+    if target != ovms.TARGET and (merge_type, eval_rows, task_rows) != (None, None, None):
+        raise UsageError("--merge-type, --eval-rows and --task-rows are for --target ovms "
+                         "(the other exports keep the adapters as adapters)")
     out = Path(out).expanduser().absolute()
     check_destination(out, name)
     plan = make_plan(catalog, name)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the export from its team
-        section = TARGETS[target].write(plan, staging, copy_base=copy_base,
-                                        progress=progress)
+        if target == ovms.TARGET:
+            section = ovms.write(
+                catalog, plan, staging, merge_type or ovms.DEFAULT_MERGE_TYPE, eval_rows,
+                merge_job.DEFAULT_TASK_ROWS if task_rows is None else task_rows, progress)
+        else:
+            section = TARGETS[target].write(plan, staging, copy_base=copy_base,
+                                            progress=progress)
         manifest = build_manifest(plan, target, section, staging)
         write_json(staging / MANIFEST, manifest)
         check_destination(out, name)  # again: the folder may have changed meanwhile
@@ -93,8 +108,9 @@ def build_manifest(plan: Plan, target: str, section: dict[str, Any],
         "serve": section["serve"],
         "files": list_files(folder),
     }
-    if "lora" in section:
-        manifest["lora"] = section["lora"]
+    for key in ("lora", "merge"):
+        if key in section:
+            manifest[key] = section[key]
     return manifest
 
 
