@@ -516,3 +516,27 @@ def test_a_demo_seeded_before_signatures_adopts_the_shipped_one(
     flip_byte(folder / "adapter.gguf")
     assert not demo.adopt_signature(catalog)
     assert not (folder / signatures.SIGNATURE_FILE).exists()
+
+
+def test_a_signature_made_for_other_file_names_says_so(
+        studio_home: Path, tmp_path: Path, base_info: BaseModelInfo,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    catalog = Catalog()
+    setup.first_run(catalog)
+    signatures.create_key("alice")
+    folder = tmp_path / "download"
+    folder.mkdir()
+    f.write_gguf_lora(folder / "style.gguf", base_info, seed=1, strength=0.1)
+    # model-signing over a folder whose weights are not named as in the store.
+    from model_signing import signing
+
+    signing.Config().use_elliptic_key_signer(
+        private_key=signatures.private_key_path("alice")).sign(folder, folder / "x.sig")
+    (folder / "x.sig").rename(folder / signatures.SIGNATURE_FILE)
+    signatures.set_policy(catalog, "require")
+    before = catalog_bytes()
+    code, _, err = run(capsys, "adapter", "add", "style", "--base", BASE, "--file",
+                       str(folder / "style.gguf"))
+    assert code == 3 and "it signs style.gguf, which a stored adapter does not have; " \
+        "adapter.gguf not covered by the signature" in err, err
+    assert catalog_bytes() == before

@@ -579,6 +579,8 @@ def _explain(folder: Path, bundle: _Bundle) -> str | None:
     """Which files differ from what the signature lists (its claim, for the reason)."""
     changed, missing = [], []
     for name, expected in sorted(bundle.files.items()):
+        if name not in READ_FILES:  # an unverified claim: never hash a path it names
+            continue
         path = folder / name
         if not path.is_file():
             missing.append(name)
@@ -596,6 +598,13 @@ def _explain(folder: Path, bundle: _Bundle) -> str | None:
         parts.append(f"{', '.join(changed)} changed since {were} signed")
     if missing:
         parts.append(f"{', '.join(missing)} missing")
+    foreign = [printable(n, 80) for n in sorted(bundle.files) if n not in READ_FILES]
+    if foreign:
+        parts.append(f"it signs {', '.join(foreign[:4])}, which a stored adapter does not "
+                     "have")
+    uncovered = [n for n in _read_files(folder) if n not in bundle.files]
+    if uncovered and parts:
+        parts.append(f"{', '.join(uncovered)} not covered by the signature")
     return "; ".join(parts) or None
 
 
