@@ -331,7 +331,7 @@ def test_backend_picker_explains_an_unavailable_backend(populated: MainWindow) -
 def test_first_run_of_the_app_has_the_demo_and_a_train_tab(window: MainWindow) -> None:
     assert "tool-calls" in window.library.model.names("variant")
     titles = [window.tabs.tabText(i) for i in range(window.tabs.count())]
-    assert titles == ["Details", "Chat", "Compare", "Train"]
+    assert titles == ["Details", "Chat", "Compare", "Train", "Evaluate", "Server"]
     assert window.train.base.count() >= 1
     # The window opens on something to look at, not an empty detail pane.
     assert window.library.current() == ("variant", "tool-calls")
