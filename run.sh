@@ -7,7 +7,8 @@ scripts/setup.sh
 # (libxcb-icccm4, libxcb-keysyms1, ...): find what is missing (ldd on the plugin) and
 # install it when we can (root with apt-get), or stop with the exact command to run.
 if [[ "$(uname -s)" == Linux && "${QT_QPA_PLATFORM:-xcb}" == xcb* ]]; then
-    missing=$(.venv/bin/python -m engine.cli.qt_platform --packages || true)
+    missing=$(.venv/bin/python -c "import sys; from engine.cli import qt_platform
+sys.exit(qt_platform.main(['--packages']))" || true)
     if [[ -n "$missing" ]]; then
         if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
             echo "run.sh: installing the libraries Qt's platform plugin needs: $missing"

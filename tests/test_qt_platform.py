@@ -61,7 +61,7 @@ def test_the_verdict_names_the_library_and_the_command(tmp_path: Path) -> None:
 
 def test_run_sh_asks_the_module_and_nothing_imports_qt() -> None:
     script = (Path(__file__).resolve().parents[1] / "run.sh").read_text(encoding="utf-8")
-    assert "python -m engine.cli.qt_platform --packages" in script
+    assert "qt_platform.main(['--packages'])" in script
     assert "sudo apt-get install -y $missing" in script and "apt-get install -y" in script
     out = subprocess.run(
         [sys.executable, "-c", "import sys, engine.cli.qt_platform as q, engine.cli.health_cmds;"

@@ -6,7 +6,7 @@ libxcb-keysyms1, ...) and Qt's own message names the wrong one. This module find
 plugin without importing Qt (the engine never imports Qt: `importlib.util.find_spec`
 only locates the package), runs `ldd` on it, and names what is missing, with the Debian
 package that provides each library. `doctor` shows the result (`check`); `./run.sh`
-asks `python -m engine.cli.qt_platform --packages` what to install.
+asks `qt_platform.main(["--packages"])` what to install.
 
 The list is Qt 6.11's xcb plugin's direct needs, from `ldd` on
 `PySide6/Qt/plugins/platforms/libqxcb.so` (transitive ones come with these packages).
