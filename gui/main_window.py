@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QProgressDialog,
     QPushButton,
     QSplitter,
+    QStyle,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -42,6 +43,7 @@ from engine.catalog.store import Catalog
 from engine.curated import setup
 from engine.errors import StudioError
 from engine.state import paths, settings, statefile
+from gui import help as help_menu
 from gui import notify, theme
 from gui.catalog_events import CATALOG_KINDS, CatalogEvents, touches
 from gui.chat import ChatView
@@ -212,7 +214,7 @@ class MainWindow(QMainWindow):
         self.act_import = action("Import adapter…", "Ctrl+I", lambda: self.import_adapter(),
                                  "Import a GGUF or PEFT LoRA adapter")
         # Through a lambda: `triggered` passes its `checked` flag, which is no path.
-        self.act_model = action("Add base model…", None, lambda: self.add_model(),
+        self.act_model = action("Add base model…", "Ctrl+Shift+B", lambda: self.add_model(),
                                 "Add a GGUF base model")
         self.act_variant = action("New variant…", "Ctrl+Shift+N", lambda: self.compose())
         self.act_new_chat = action("New chat", "Ctrl+N", self._new_chat)
@@ -222,7 +224,9 @@ class MainWindow(QMainWindow):
                                    "Score models and variants on a data file")
         self.act_search = action("Search library", "Ctrl+F", lambda: self.library.search.setFocus())
         self.act_settings = action("Settings…", "Ctrl+,", self.open_settings)
-        self.act_restart = action("Restart engine", None, self.restart_engine)
+        self.act_restart = action("Restart engine", "Ctrl+Shift+R", self.restart_engine)
+        self.act_server = action("Start or stop the local server", "Ctrl+Shift+S",
+                                 self._toggle_server, "The OpenAI-compatible server (Server tab)")
         self.act_openvino = action("Build the OpenVINO default model…", None,
                                    lambda: self.build_openvino_default(),
                                    "Make the embedded model servable by OpenVINO")
@@ -239,12 +243,38 @@ class MainWindow(QMainWindow):
         engine_menu = menu.addMenu("&Engine")
         engine_menu.addAction(self.act_restart)
         engine_menu.addAction(self.act_openvino)
+        engine_menu.addAction(self.act_server)
+        # Every tab from the keyboard: Ctrl+1 ... in the View menu.
+        view_menu = menu.addMenu("&View")
+        self.tab_actions = []
+        for index in range(self.tabs.count()):
+            self.tab_actions.append(action(
+                self.tabs.tabText(index), f"Ctrl+{index + 1}" if index < 9 else None,
+                lambda _checked=False, i=index: self.tabs.setCurrentIndex(i)))
+            view_menu.addAction(self.tab_actions[-1])
+        self.help_actions = help_menu.install(self)
+        style = self.style()
+        pixmap = QStyle.StandardPixmap
+        for act, icon in ((self.act_import, pixmap.SP_DialogOpenButton),
+                          (self.act_variant, pixmap.SP_FileDialogNewFolder),
+                          (self.act_new_chat, pixmap.SP_FileIcon),
+                          (self.act_compare, pixmap.SP_FileDialogContentsView),
+                          (self.act_stop, pixmap.SP_BrowserStop),
+                          (self.act_settings, pixmap.SP_FileDialogDetailedView)):
+            act.setIcon(style.standardIcon(icon))
         toolbar = self.addToolBar("Main")
         toolbar.setObjectName("main-toolbar")
         toolbar.setMovable(False)
+        toolbar.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         for act in (self.act_import, self.act_variant, self.act_new_chat, self.act_compare,
                     self.act_stop):
             toolbar.addAction(act)
+        self.tabs.setAccessibleName("Views")
+        self.library.setAccessibleName("Library")
+
+    def _toggle_server(self) -> None:
+        self.tabs.setCurrentWidget(self.server)
+        self.server.toggle()
 
     # ---------------------------------------------------------------- library
 
