@@ -19,8 +19,6 @@ import time
 from typing import Any
 
 from benchmarks.common import median, scratch_home, write
-from engine.curated import setup
-from engine.catalog import imports
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
@@ -31,11 +29,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     args = parser.parse_args()
     scratch_home()
-    from engine.formats import artifacts
-    from engine.curated import embedded as defaults
-    from engine.catalog.store import AdapterSpec, Catalog
-    from engine.runtime.client import EngineClient
+    from engine.catalog import imports
+    from engine.catalog.profiles import Sampling
     from engine.catalog.resolve import resolve
+    from engine.catalog.store import AdapterSpec, Catalog
+    from engine.curated import embedded as defaults
+    from engine.curated import setup
+    from engine.formats import artifacts
+    from engine.runtime import messages
+    from engine.runtime.client import EngineClient
     from tests import factories
 
     catalog = Catalog()
@@ -53,20 +55,19 @@ def main() -> None:
     catalog.add_variant("vb", base, [AdapterSpec("bench-b", 1.0)])
     # Greedy with no repeat penalty and EOS ignored by a long budget: both sides decode
     # exactly `tokens` tokens unless the model ends its answer.
-    sampling = {"temperature": 0.0, "repeat_penalty": 1.0, "max_tokens": args.tokens}
+    sampling = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=args.tokens)
 
-    def params(name: str) -> dict[str, Any]:
-        return {"spec": resolve(catalog, name).to_dict(), "prompt": {"text": PROMPT},
-                "sampling": sampling}
+    def request(name: str, text: str = PROMPT) -> messages.Generate:
+        return messages.Generate(resolve(catalog, name), messages.Prompt(text), sampling)
 
     client = EngineClient()
-    client.call("generate", params(base), timeout=600)  # warm up: load the model
+    client.call(request(base), timeout=600)  # warm up: load the model
 
     def engine_tps(name: str) -> float:
         stamps: list[float] = []
-        handle = client.submit("generate", params(name),
+        handle = client.submit(request(name),
                                lambda e: stamps.append(time.perf_counter())
-                               if e["event"] == "token" else None)
+                               if isinstance(e, messages.Token) else None)
         result = handle.wait(600)
         # Client-observed: first token event to last, including the IPC.
         return (len(result["token_ids"]) - 1) / (stamps[-1] - stamps[0])
@@ -74,7 +75,8 @@ def main() -> None:
     import llama_cpp
 
     raw = llama_cpp.Llama(str(defaults.embedded_model_path()), n_ctx=4096, n_batch=512,
-                          n_threads=client.call("describe")["n_threads"], verbose=False)
+                          n_threads=client.call(messages.Describe())["n_threads"],
+                          verbose=False)
     raw_tokens = raw.tokenize(PROMPT.encode(), add_bos=False)
 
     def raw_tps() -> float:
@@ -98,12 +100,12 @@ def main() -> None:
     switch, reload = [], []
     for i in range(args.rounds):
         target = "va" if i % 2 else "vb"
-        client.call("close_all", timeout=600)
+        client.call(messages.CloseAll(), timeout=600)
         start = time.perf_counter()
-        client.call("open", {"spec": resolve(catalog, base).to_dict()}, timeout=600)
+        client.call(messages.Open(resolve(catalog, base)), timeout=600)
         reload.append(time.perf_counter() - start)
         start = time.perf_counter()
-        client.call("open", {"spec": resolve(catalog, target).to_dict()}, timeout=600)
+        client.call(messages.Open(resolve(catalog, target)), timeout=600)
         switch.append(time.perf_counter() - start)
 
     # Memory: a fresh engine with the base session, then the variant beside it, both at
@@ -118,14 +120,11 @@ def main() -> None:
                            ("4096 cells", 300)):
         text = filler * repeats if repeats else PROMPT
 
-        def sized(name: str, prompt: str = text) -> dict[str, Any]:
-            return {**params(name), "prompt": {"text": prompt}}
-
         fresh = EngineClient()
-        first = fresh.call("generate", sized(base), timeout=600)
-        alone = fresh.call("describe")
-        fresh.call("generate", sized("va"), timeout=600)
-        both = fresh.call("describe")
+        first = fresh.call(request(base, text), timeout=600)
+        alone = fresh.call(messages.Describe(), timeout=60)
+        fresh.call(request("va", text), timeout=600)
+        both = fresh.call(messages.Describe(), timeout=60)
         fresh.close()
         memory[label] = {"prompt_tokens": first["prompt_tokens"],
                          "kv_capacity": [s["kv_capacity"] for s in both["sessions"]],

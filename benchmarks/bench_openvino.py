@@ -22,12 +22,11 @@ import argparse
 import os
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks.common import median, scratch_home, write
-from engine.curated import setup
-from engine.catalog import imports
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 
@@ -38,11 +37,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96)
     args = parser.parse_args()
     scratch_home()
-    from engine.formats import artifacts
-    from engine.curated import embedded as defaults, openvino_default
-    from engine.catalog.store import AdapterSpec, Catalog
-    from engine.runtime.client import EngineClient
+    from engine.catalog import imports
+    from engine.catalog.profiles import Sampling
     from engine.catalog.resolve import resolve
+    from engine.catalog.store import AdapterSpec, Catalog
+    from engine.curated import embedded as defaults
+    from engine.curated import openvino_default, setup
+    from engine.formats import artifacts
+    from engine.runtime import messages
+    from engine.runtime.client import EngineClient
     from tests import factories
 
     catalog = Catalog()
@@ -59,16 +62,17 @@ def main() -> None:
     imports.add_adapter(catalog, "bench-a", llama, source)
     imports.convert_adapter(catalog, "bench-a", "openvino")
     imports.add_adapter(catalog, "bench-a16", "llama-f16", source)
-    imports.add_adapter(catalog, "bench-b", ov, factories.write_peft_lora(tmp / "b", info, seed=2,
-                                                                 strength=0.05))
+    imports.add_adapter(catalog, "bench-b", ov, factories.write_peft_lora(
+        tmp / "b", info, seed=2, strength=0.05))
     catalog.add_variant("va", llama, [AdapterSpec("bench-a", 1.0)])
     catalog.add_variant("va16", "llama-f16", [AdapterSpec("bench-a16", 1.0)])
     catalog.add_variant("vb", ov, [AdapterSpec("bench-b", 1.0)])
-    sampling = {"temperature": 0.0, "repeat_penalty": 1.0, "max_tokens": args.tokens}
+    sampling = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=args.tokens)
 
-    def params(name: str, backend: str | None = None) -> dict[str, Any]:
-        return {"spec": resolve(catalog, name, backend=backend).to_dict(),
-                "prompt": {"text": PROMPT}, "sampling": sampling}
+    def request(name: str, backend: str | None = None, tokens: int = args.tokens
+                ) -> messages.Generate:
+        return messages.Generate(resolve(catalog, name, backend=backend),
+                                 messages.Prompt(PROMPT), replace(sampling, max_tokens=tokens))
 
     ov_client, llama_client = EngineClient(), EngineClient()
     clients = {"openvino": ov_client, "llama": llama_client}
@@ -81,8 +85,9 @@ def main() -> None:
         client = clients[backend]
         before = _cpu_seconds(client.pid)
         handle = client.submit(
-            "generate", params(name, serve_on),
-            lambda e: stamps.append(time.perf_counter()) if e["event"] == "token" else None)
+            request(name, serve_on),
+            lambda e: stamps.append(time.perf_counter())
+            if isinstance(e, messages.Token) else None)
         result = handle.wait(1800)
         assert result["backend"] == backend
         count = len(result["token_ids"])
@@ -94,12 +99,11 @@ def main() -> None:
     for label, name in (("load_base_s", ov), ("first_lora_build_s", "vb"),
                         ("open_other_variant_s", "va")):
         start = time.perf_counter()
-        ov_client.call("open", {"spec": resolve(catalog, name, backend="openvino").to_dict()},
+        ov_client.call(messages.Open(resolve(catalog, name, backend="openvino")),
                        timeout=1800)
         timings[label] = time.perf_counter() - start
     for name in (llama, "llama-f16", "va", "va16"):  # warm up llama.cpp
-        llama_client.call("generate", {**params(name), "sampling": {**sampling,
-                                                                    "max_tokens": 2}})
+        llama_client.call(request(name, tokens=2), timeout=1800)
 
     sides: dict[str, list[float]] = {k: [] for k in (
         "ov_base", "ov_variant", "ov_converted_variant", "llama_f16", "llama_q4_1",
@@ -119,19 +123,18 @@ def main() -> None:
             (time.process_time() - before) * 1000 / args.tokens)
     genai.close()
 
-    base_rss = _fresh_rss(resolve, catalog, sampling, [ov])
-    both_rss = _fresh_rss(resolve, catalog, sampling, [ov, "vb"])
+    base_rss = _fresh_rss([request(ov, tokens=8)])
+    both_rss = _fresh_rss([request(ov, tokens=8), request("vb", tokens=8)])
 
-    prompts = [{"text": p, "chat": True} for p in (
+    prompts = tuple(messages.Prompt(p, chat=True) for p in (
         "Write a short poem about the sea.", "What is the capital of France?",
         "Give me three tips for learning to cook.",
-        "Explain what a neural network is in one sentence.")]
+        "Explain what a neural network is in one sentence."))
 
     def cross(first: str, second: str, first_backend: str | None = None) -> dict[str, Any]:
-        result = ov_client.call("cross_check", {
-            "first": resolve(catalog, first, backend=first_backend).to_dict(),
-            "second": resolve(catalog, second, backend="openvino").to_dict(),
-            "prompts": prompts, "tokens": 8}, timeout=1800)
+        result = ov_client.call(messages.CrossCheck(
+            resolve(catalog, first, backend=first_backend),
+            resolve(catalog, second, backend="openvino"), prompts, 8), timeout=1800)
         return {k: result[k] for k in ("max_kl", "mean_kl", "top1_agreement",
                                         "first_token_agreement", "min_agreeing_tokens")}
 
@@ -139,7 +142,7 @@ def main() -> None:
               "base_defaults": cross(llama, ov),
               "variant_same_weights": cross("va16", "va"),
               "variant_defaults": cross("va", "va", "llama")}
-    described = ov_client.call("describe", timeout=60)
+    described = ov_client.call(messages.Describe(), timeout=60)
     ov_client.close()
     llama_client.close()
 
@@ -175,7 +178,8 @@ def main() -> None:
             "ov_engine_vs_genai_pipeline": ratio("ov_base", "genai_pipeline"),
         },
         "sessions": {**timings, "build_or_register_default_s": build_or_register_s,
-                     "pipeline_builds": described["residents"][0]["pipeline_builds"]},
+                     "pipeline_builds": next(r["pipeline_builds"] for r in described["residents"]
+                                             if r["backend"] == "openvino")},
         "memory": {"base_rss_bytes": base_rss, "base_and_variant_rss_bytes": both_rss,
                    "ratio": both_rss / base_rss},
         "parity_kl_nats": parity,
@@ -217,16 +221,16 @@ def _cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _fresh_rss(resolve: Any, catalog: Any, sampling: dict[str, Any], names: list[str]) -> int:
+def _fresh_rss(requests: list[Any]) -> int:
+    """Engine RSS after `requests` (generations) in a fresh engine process."""
+    from engine.runtime import messages
     from engine.runtime.client import EngineClient
 
     client = EngineClient()
     try:
-        for name in names:
-            client.call("generate", {"spec": resolve(catalog, name).to_dict(),
-                                     "prompt": {"text": PROMPT},
-                                     "sampling": {**sampling, "max_tokens": 8}}, timeout=1800)
-        return int(client.call("describe", timeout=60)["memory"]["rss_bytes"])
+        for request in requests:
+            client.call(request, timeout=1800)
+        return int(client.call(messages.Describe(), timeout=60)["memory"]["rss_bytes"])
     finally:
         client.close()
 

@@ -25,8 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from engine.curated import setup
-from engine.catalog import imports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,8 +48,11 @@ def main() -> int:
     os.environ["VARIANT_STUDIO_HOME"] = str(home)
     sys.path.insert(0, str(ROOT))
 
-    from engine.curated import embedded as defaults
+    from engine.catalog import imports
     from engine.catalog.store import Catalog
+    from engine.curated import demo as shipped
+    from engine.curated import embedded as defaults
+    from engine.curated import setup
     from engine.training import demo, demo_eval
     from engine.training.client import TrainingJob
     from engine.training.job import TrainRequest
@@ -85,10 +86,10 @@ def main() -> int:
         adapter_path = run_dir / "adapter.gguf"
         variant = "demo-trained-v"
         if args.ship:
-            shutil.copyfile(adapter_path, folder / demo.SHIPPED_ADAPTER)
-            shutil.copyfile(run_dir / "provenance.json", folder / demo.SHIPPED_PROVENANCE)
-            shutil.rmtree(folder / demo.SHIPPED_PEFT, ignore_errors=True)
-            shutil.copytree(run_dir / "peft", folder / demo.SHIPPED_PEFT)
+            shutil.copyfile(adapter_path, folder / shipped.SHIPPED_ADAPTER)
+            shutil.copyfile(run_dir / "provenance.json", folder / shipped.SHIPPED_PROVENANCE)
+            shutil.rmtree(folder / shipped.SHIPPED_PEFT, ignore_errors=True)
+            shutil.copytree(run_dir / "peft", folder / shipped.SHIPPED_PEFT)
             log(f"shipped into {folder}")
     else:
         variant = demo.VARIANT_NAME

@@ -43,7 +43,7 @@ def run_hypothesis(examples: int) -> int:
 
 def seed_corpus(target: str, folder: Path) -> None:
     """Valid inputs for the fuzzer to start from (written, never committed)."""
-    from tests import test_hostile as h
+    from tests import hostile_cases as h
 
     if target == "gguf":
         files = {"lora": h.mini_lora(), "base": h.tiny_base(),
@@ -68,13 +68,13 @@ def run_atheris(target: str, runs: int) -> int:
     # Coverage feedback from our readers, and from Jinja when fuzzing templates.
     with atheris.instrument_imports(include=["engine", "jinja2"] if target == "template"
                                     else ["engine"]):
+        import engine.catalog.validation  # noqa: F401
         import engine.formats.artifacts  # noqa: F401
         import engine.formats.gguf_file  # noqa: F401
         import engine.formats.safetensors_file  # noqa: F401
         import engine.formats.templates  # noqa: F401
-        import engine.catalog.validation  # noqa: F401
-    from engine.formats import artifacts
     from engine.curated import embedded as defaults
+    from engine.formats import artifacts
     from engine.formats.templates import Message
     from tests import test_fuzz
 
