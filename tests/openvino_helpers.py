@@ -4,6 +4,9 @@ The build cache is `<pytest basetemp>/openvino-cache` for the session (so the de
 is built at most once per test session, by the first test that needs it, through the
 real engine process and its progress events). Set VARIANT_STUDIO_OPENVINO_CACHE to
 reuse a cache across sessions while developing. This module holds no tests.
+
+A test that needs the default built carries `@pytest.mark.slow`: run alone, it pays
+for the build (25-40 s on a 2-core machine), so `pytest -m "not slow"` never builds it.
 """
 
 from __future__ import annotations

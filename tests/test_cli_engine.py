@@ -48,6 +48,7 @@ def test_generate_refuses_bad_sampling_and_compare_needs_a_variant(
     assert code == 3 and "compare needs a variant" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sampling_and_system_flags_reach_the_engine(studio_home: Path,
                                                    capsys: pytest.CaptureFixture) -> None:
     def gen(*flags: str) -> dict:

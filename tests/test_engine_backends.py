@@ -39,7 +39,8 @@ class World:
         return self.client.call(request(self.catalog, name, **kw), timeout=TIMEOUT)
 
 
-@pytest.fixture(scope="module", params=["llama", "openvino"])
+@pytest.fixture(scope="module", params=[
+    "llama", pytest.param("openvino", marks=pytest.mark.slow)])  # OpenVINO: a build first
 def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
           base_info) -> Iterator[World]:
     backend = request.param

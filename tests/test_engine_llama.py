@@ -110,6 +110,7 @@ def test_describe_reports_sessions_adapters_and_memory(world) -> None:
     assert info["memory"]["rss_bytes"] > resident["size_bytes"]
 
 
+@pytest.mark.slow
 def test_kv_cache_grows_with_the_request_and_never_changes_results(world) -> None:
     """A session allocates the KV cells its requests need (powers of two up to n_ctx),
     and the allocation is invisible in the results: the same request gives bit-identical

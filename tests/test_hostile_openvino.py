@@ -43,6 +43,7 @@ from tests.hostile_cases import (
 )
 from tests.openvino_helpers import register_default
 
+pytestmark = pytest.mark.slow  # the OpenVINO default built and compiled first
 OV = openvino_default.NAME
 # Every PEFT-surface case; the expected reason is the CLI's (the same validation runs).
 OV_CASES = [c for c in CASES if c.surface == "peft"]

@@ -25,6 +25,7 @@ STAGES = ["verifying source", "dequantizing to F16", "converting with OpenVINO",
           "naming layers", "describing", "done"]
 
 
+@pytest.mark.slow
 def test_default_is_built_once_with_progress_then_cached(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     build = first_build(tmp_path_factory)
@@ -58,6 +59,7 @@ def test_default_is_built_once_with_progress_then_cached(
     assert again["built"] is False and again["folder"] == result["folder"]
 
 
+@pytest.mark.slow
 def test_first_use_adds_the_curated_default_with_its_recipe(
         studio_home: Path, tmp_path_factory: pytest.TempPathFactory,
         capsys: pytest.CaptureFixture) -> None:
@@ -143,6 +145,7 @@ def test_listing_a_fresh_catalog_never_touches_openvino(
     assert openvino_default.NAME not in catalog_json["models"]  # no half-record
 
 
+@pytest.mark.slow
 def test_layer_names_come_from_structure_not_names_or_positions(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     import openvino as ov
@@ -174,6 +177,7 @@ def test_layer_names_come_from_structure_not_names_or_positions(
         openvino_build.name_projections(model, 30)
 
 
+@pytest.mark.slow
 def test_a_gguf_is_served_directly_as_a_plain_openvino_base(
         studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
         base_info, capsys: pytest.CaptureFixture) -> None:

@@ -45,6 +45,7 @@ def demo_catalog(module_home: Path, tmp_path_factory: pytest.TempPathFactory
     yield Catalog()
 
 
+@pytest.mark.slow
 def test_building_the_openvino_default_attaches_the_shipped_demo_peft(
         demo_catalog: Catalog, capsys: pytest.CaptureFixture) -> None:
     catalog = demo_catalog

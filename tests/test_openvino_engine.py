@@ -26,6 +26,7 @@ from tests import factories as f
 from tests.engine_helpers import PROMPT, request
 from tests.openvino_helpers import openvino_variants, register_default
 
+pytestmark = pytest.mark.slow  # the OpenVINO default built and compiled
 OV = openvino_default.NAME
 TIMEOUT = 900  # a hang bound only
 

@@ -66,6 +66,7 @@ def test_gguf_to_peft_and_back_keeps_every_value(tmp_path: Path, base_info,
         assert after.get(key) == before.get(key), key
 
 
+@pytest.mark.slow
 def test_an_adapter_carries_a_file_per_backend_and_its_variant_runs_on_both(
         studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
         base_info, capsys: pytest.CaptureFixture) -> None:
@@ -168,6 +169,7 @@ def cross(catalog: Catalog, client: EngineClient, first: str, second: str,
         resolve.resolve(catalog, second, backend="openvino"), PROMPTS, 8), timeout=1200)
 
 
+@pytest.mark.slow
 def test_converted_adapter_behaves_on_openvino_as_the_original_on_llama_cpp(
         parity_world) -> None:
     catalog, client = parity_world
@@ -212,6 +214,7 @@ def parity_text(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
     return capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_parity_command_reports_kl_agreement_backends_and_no_openvino_warning(
         parity_world, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     catalog, _ = parity_world
@@ -250,6 +253,7 @@ def test_parity_command_reports_kl_agreement_backends_and_no_openvino_warning(
     assert shown["files"]["llama"]["cross_check"] is None  # nothing checked it there
 
 
+@pytest.mark.slow
 def test_openvino_warnings_reach_the_parity_report_and_the_adapters_show(
         parity_world, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     result = parity_json(capsys, "vextra", "--genai")

@@ -19,6 +19,7 @@ from engine.curated import openvino_default
 from tests import factories as f
 from tests.openvino_helpers import register_default
 
+pytestmark = pytest.mark.slow  # each needs the OpenVINO default built (25-40 s)
 OV = openvino_default.NAME
 
 

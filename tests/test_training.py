@@ -49,6 +49,7 @@ def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.slow
 def test_same_inputs_same_bytes_cancel_resume_and_provenance(
         studio_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
         base_info) -> None:
@@ -133,6 +134,7 @@ def test_same_inputs_same_bytes_cancel_resume_and_provenance(
     assert gguf.base_sha256 == record["base_sha256"] and gguf.alpha == 8.0
 
 
+@pytest.mark.slow
 def test_dpo_starts_at_log2_and_continuing_names_the_start(
         studio_home: Path, tmp_path: Path) -> None:
     prefs = tmp_path / "prefs.jsonl"
@@ -245,6 +247,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(
         resumed.load_checkpoint(broken)
 
 
+@pytest.mark.slow
 def test_training_attaches_the_openvino_file_when_the_base_has_a_counterpart(
         studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     from engine.catalog.resolve import resolve

@@ -89,6 +89,7 @@ def first(home: Path, data: Path) -> dict[str, Any]:
             "run_dir": Path(result["run_dir"])}
 
 
+@pytest.mark.slow
 def test_cli_flags_reach_the_record_the_files_a_checkpoint_and_the_variant(
         home: Path, first: dict[str, Any]) -> None:
     result, run_dir = first["result"], first["run_dir"]
@@ -129,6 +130,7 @@ def test_cli_flags_reach_the_record_the_files_a_checkpoint_and_the_variant(
     assert [(a["name"], a["scale"]) for a in variant["adapters"]] == [("t1", 1.0)]
 
 
+@pytest.mark.slow
 def test_cli_the_seed_decides_the_bytes(home: Path, data: Path,
                                         first: dict[str, Any]) -> None:
     # Same flags and seed (no --save-every, which must not change the bytes), the
@@ -146,6 +148,7 @@ def test_cli_the_seed_decides_the_bytes(home: Path, data: Path,
     assert other["files"]["peft"]["sha256"] != peft
 
 
+@pytest.mark.slow
 def test_cli_resume_ends_with_the_uninterrupted_bytes(
         home: Path, data: Path, first: dict[str, Any], tmp_path: Path) -> None:
     stopped = tmp_path / "stopped"
@@ -162,6 +165,7 @@ def test_cli_resume_ends_with_the_uninterrupted_bytes(
     assert record["loss"]["curve"][0] == first["result"]["provenance"]["loss"]["curve"][0]
 
 
+@pytest.mark.slow
 def test_cli_init_adapter_continues_the_adapter_and_names_it(
         home: Path, data: Path, first: dict[str, Any]) -> None:
     refused = run_cli(home, "train", "t6", "--base", BASE, "--data", str(data),

@@ -99,6 +99,7 @@ def test_a_bare_library_catalog_has_no_demo(studio_home: Path) -> None:
 
 @pytest.mark.skipif(not torch_available(),
                     reason="PyTorch (the [train] extra) is not installed")
+@pytest.mark.slow
 def test_retraining_the_demo_reproduces_its_sha256(studio_home: Path) -> None:
     request = TrainRequest("retrained", BASE, str(FOLDER / "train.jsonl"),
                            dict(RECORD["config"]), register=False)

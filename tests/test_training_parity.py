@@ -47,12 +47,14 @@ def check(report) -> None:
     assert report.mean_kl <= MEAN_KL, report
 
 
+@pytest.mark.slow
 def test_trainer_matches_llama_cpp_on_the_base(embedded_path: Path, model) -> None:
     from engine.training import parity
 
     check(parity.measure(embedded_path, model=model))
 
 
+@pytest.mark.slow
 def test_trainer_applies_an_adapter_as_llama_cpp_does(embedded_path: Path, model, base_info,
                                                       tmp_path: Path) -> None:
     from engine.training import parity
