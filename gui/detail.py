@@ -7,6 +7,7 @@ prints), escaped for display: artifact metadata is untrusted text.
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
@@ -79,11 +80,69 @@ class ChecksModel(QAbstractTableModel):
         return None
 
 
-def _row(label: str, value: Any, mono: bool = False) -> str:
+LABELS = {
+    "sha256": "Digest (sha256)", "identity key": "Identity key", "backend": "Runtime",
+    "base_sha256": "Base digest", "adapters": "Adapters",
+    "chat_template_sha256": "Chat-template digest", "bos_policy": "Start-of-text token",
+    "runtime": "Runtime version", "context": "Context", "system_prompt": "System prompt",
+    "n_ctx": "Context size", "top_p": "Top-p", "top_k": "Top-k",
+    "repeat_penalty": "Repeat penalty", "max_tokens": "Max tokens",
+    "file_type": "Quantization", "block_count": "Layers", "embedding_length": "Embedding size",
+    "feed_forward_length": "Feed-forward size", "head_count": "Attention heads",
+    "head_count_kv": "Key/value heads", "context_length": "Trained context",
+    "vocab_size": "Vocabulary", "bos_token_id": "Start-of-text token id",
+    "eos_token_id": "End-of-text token id", "add_bos": "Adds a start-of-text token",
+    "add_eos": "Adds an end-of-text token", "tensor_types": "Tensor types",
+    "model_name": "Model name", "expected base sha256": "Declared base digest",
+    "rank / alpha": "Rank / alpha", "backend / format": "Runtime / format",
+}
+DIGEST = re.compile(r"^[0-9a-f]{40,64}$")
+
+
+def human_label(key: str) -> str:
+    """A record's key as a person reads it ("Base digest", not `base_sha256`)."""
+    if key in LABELS:
+        return LABELS[key]
+    if "_" not in key:
+        return key  # already words ("source", "signature")
+    words = key.replace("_", " ")
+    return words[:1].upper() + words[1:]
+
+
+def digest_html(value: str, whole: bool = False) -> str:
+    """A long digest shortened (whole in its tooltip), with a Copy link; `whole` keeps
+    the entry's own digest readable in full, the one a reviewer compares by eye."""
+    shown = value if whole else f"{value[:12]}…{value[-4:]}"
+    return (f"<code title='{value}'>{shown}</code> "
+            f"<a href='copy:{value}' style='text-decoration:none'>Copy</a>")
+
+
+def _human_value(key: str, value: Any) -> str:
+    if key == "bos_policy" and isinstance(value, str) and "add_bos=" in value:
+        parts = dict(p.split("=", 1) for p in value.split(";") if "=" in p)
+        added = "added" if parts.get("add_bos") == "true" else "not added"
+        return added + (f" (token {parts['bos']})" if parts.get("bos") else "")
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value) or "—"
+    return str(value)
+
+
+def _plain_row(label: str, value: Any) -> str:
     text = html.escape(printable(str(value), 400)) if value is not None else "—"
-    if mono:
-        text = f"<code>{text}</code>"
     return f"<tr><td class='k'>{html.escape(label)}</td><td>{text}</td></tr>"
+
+
+def _row(label: str, value: Any, mono: bool = False, whole: bool = False) -> str:
+    raw = printable(str(value), 400) if value is not None else None
+    if raw is not None and DIGEST.match(raw):
+        text = digest_html(raw, whole)
+    else:
+        text = html.escape(raw) if raw is not None else "—"
+        if mono:
+            text = f"<code>{text}</code>"
+    return f"<tr><td class='k'>{html.escape(human_label(label))}</td><td>{text}</td></tr>"
 
 
 def _identity_value(key: str, value: Any) -> str:
@@ -91,8 +150,8 @@ def _identity_value(key: str, value: Any) -> str:
         return "; ".join(f"{a['name']} @ {a['scale']:g} (sha256 {a['sha256'][:12]}…)"
                          for a in value) or "none (the plain base)"
     if key == "context":
-        return ", ".join(f"{k} {v}" for k, v in value.items())
-    return str(value)
+        return ", ".join(f"{human_label(k).lower()} {v}" for k, v in value.items())
+    return _human_value(key, value)
 
 
 def signature_text(signature: dict[str, Any]) -> str:
@@ -115,7 +174,7 @@ def render_html(entry: dict[str, Any]) -> str:
     if entry.get("built") is False:  # the OpenVINO default before its first use
         rows.append(_row("not built yet", entry.get("how")))
     if kind in ("model", "adapter"):
-        rows.append(_row("sha256", entry.get("sha256"), mono=True))
+        rows.append(_row("sha256", entry.get("sha256"), mono=True, whole=True))
         rows.append(_row("source", entry.get("source")))
         rows.append(_row("installed", entry.get("installed_at")))
         rows.append(_row("status", "curated" if entry.get("curated") else "user-provided"))
@@ -155,8 +214,8 @@ def render_html(entry: dict[str, Any]) -> str:
     for section, title in (("profile", "Profile"), ("metadata", "Format metadata")):
         value = entry.get(section)
         if isinstance(value, dict) and value:
-            body = "".join(_row(str(k), v if not isinstance(v, dict) else
-                                ", ".join(f"{a}={b}" for a, b in v.items()))
+            body = "".join(_row(str(k), _human_value(str(k), v) if not isinstance(v, dict)
+                                else ", ".join(f"{a} {b}" for a, b in v.items()))
                            for k, v in value.items() if k != "target_shapes")
             parts.append(f"<h3>{title}</h3><table class='props'>{body}</table>")
     provenance = entry.get("provenance")
@@ -167,7 +226,8 @@ def render_html(entry: dict[str, Any]) -> str:
             lines = provenance_lines(provenance)
         except (KeyError, TypeError, ValueError, AttributeError):  # a malformed record
             lines = [f"{key}: {value}" for key, value in provenance.items()]
-        body = "".join(_row(*line.partition(": ")[::2]) for line in lines)
+        # As `show` prints them (keys and whole digests: what a reviewer compares).
+        body = "".join(_plain_row(*line.partition(": ")[::2]) for line in lines)
         parts.append(f"<h3>Training provenance</h3><table class='props'>{body}</table>")
     parts.extend(evaluation_html(entry.get("evaluation")))
     style = ("<style>h2{margin:0 0 6px 0} .kind{font-size:small;color:#888;"
@@ -214,6 +274,8 @@ class DetailPane(QWidget):
         self.entry: dict[str, Any] | None = None
         self.browser = QTextBrowser()
         self.browser.setOpenLinks(False)
+        self.browser.setAccessibleName("Details of the selected entry")
+        self.browser.anchorClicked.connect(self._anchor)
         self.checks = ChecksModel(self)
         self.table = QTableView()
         self.table.setModel(self.checks)
@@ -260,6 +322,12 @@ class DetailPane(QWidget):
     def _emit(self, signal: Signal) -> None:
         if self.entry:
             signal.emit(self.entry["name"])
+
+    def _anchor(self, url: Any) -> None:
+        """A digest's Copy link: the whole digest to the clipboard."""
+        scheme, _, value = url.toString().partition(":")
+        if scheme == "copy" and DIGEST.match(value):
+            QGuiApplication.clipboard().setText(value)
 
     def _copy_identity(self) -> None:
         if self.entry and self.entry.get("identity"):

@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QFontMetrics
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QFontMetrics, QGuiApplication
 
 from engine.catalog import imports
 from engine.catalog.store import Catalog
@@ -148,3 +148,15 @@ def test_train_forgets_a_refusal_once_the_user_acts_on_it(win: MainWindow, qtbot
         pytest.skip("training is off here (no PyTorch)")
     qtbot.keyClicks(page.name, "mine")
     qtbot.waitUntil(lambda: page.status.text() == "Ready.", timeout=SHORT)
+
+
+def test_details_use_human_labels_and_short_digests_with_copy(win: MainWindow) -> None:
+    win.select(VARIANT_NAME)
+    text = win.detail.browser.toPlainText()
+    assert "Start-of-text token" in text and "not added (token 1)" in text
+    assert "Base digest" in text and "bos_policy" not in text and "base_sha256" not in text
+    identity = win.detail.entry["identity"]
+    assert identity not in text and f"{identity[:12]}…{identity[-4:]}" in text
+    assert f'href="copy:{identity}"' in win.detail.browser.toHtml()
+    win.detail.browser.anchorClicked.emit(QUrl(f"copy:{identity}"))
+    assert QGuiApplication.clipboard().text() == identity
