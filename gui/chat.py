@@ -401,15 +401,23 @@ class ChatView(QWidget):
             self._render_header()
 
     def _reload_list(self) -> None:
-        self.list_model.blockSignals(True)
+        # Not blockSignals: the list view must hear of the rows; a flag tells the
+        # rename and pick handlers that this is a reload, not the user.
+        self._listing = True
+        try:
+            self._fill_list()
+        finally:
+            self._listing = False
+        if self.conversation is not None:
+            self._select_in_list(self.conversation.id)
+
+    def _fill_list(self) -> None:
         self.list_model.clear()
-        self.list_model.blockSignals(False)
         if self.model_name is None:
             return
         query = self.search.text().strip()
         found = [c for c in conversations.list_all(self.model_name)
                  if not query or c.matches(query)]
-        self.list_model.blockSignals(True)
         for conv in found:
             item = QStandardItem(conv.title)
             item.setData(conv.id, ConversationId)
@@ -420,22 +428,20 @@ class ChatView(QWidget):
             item = QStandardItem("no matches")
             item.setFlags(Qt.ItemFlag.NoItemFlags)
             self.list_model.appendRow(item)
-        self.list_model.blockSignals(False)
-        self.list.viewport().update()
-        if self.conversation is not None:
-            self._select_in_list(self.conversation.id)
 
     def _select_in_list(self, conversation_id: str) -> None:
         for row in range(self.list_model.rowCount()):
             item = self.list_model.item(row)
             if item.data(ConversationId) == conversation_id:
-                self.list.selectionModel().blockSignals(True)
-                self.list.setCurrentIndex(item.index())
-                self.list.selectionModel().blockSignals(False)
+                self._listing = True
+                try:
+                    self.list.setCurrentIndex(item.index())
+                finally:
+                    self._listing = False
 
     def _renamed(self, item: QStandardItem) -> None:
         conv_id = item.data(ConversationId)
-        if not conv_id:
+        if not conv_id or getattr(self, "_listing", False):
             return
         loaded = self.conversation if self.conversation and self.conversation.id == conv_id \
             else conversations.load(conv_id)
@@ -493,7 +499,7 @@ class ChatView(QWidget):
         self._select_in_list(conversation.id)
 
     def _pick_conversation(self, current: Any, _previous: Any) -> None:
-        if not current.isValid() or self.reply:
+        if not current.isValid() or self.reply or getattr(self, "_listing", False):
             return
         conv_id = current.data(ConversationId)
         if self.conversation and conv_id == self.conversation.id:

@@ -315,15 +315,29 @@ class BadgeDelegate(QStyledItemDelegate):
         line = fm.height()
         problem = index.data(ProblemRole)
         name = index.data(Qt.ItemDataRole.DisplayRole)
+        # Line 1: the name, with the row's whole width (a sidebar is narrow, and
+        # badges beside the name left it "…"). Line 2: the badges, then the subtitle.
+        font = QFont(option.font)
+        font.setBold(True)
+        painter.setFont(font)
+        bold = painter.fontMetrics()
+        painter.setPen(QColor("#d23c3c") if problem and not selected else text_color)
+        prefix = "⚠ " if problem else ""
+        painter.drawText(QRect(rect.left(), rect.top(), rect.width(), line),
+                         Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                         prefix + display_name(bold, name, rect.width() - 4 -
+                                               bold.horizontalAdvance(prefix)))
         small = QFont(option.font)
         small.setPointSizeF(max(6.5, option.font.pointSizeF() * 0.8))
         painter.setFont(small)
         sfm = painter.fontMetrics()
-        x = rect.right()
-        for badge in reversed(index.data(BadgesRole) or ()):
+        x = rect.left()
+        top = rect.top() + line + 2
+        for badge in index.data(BadgesRole) or ():
             width = sfm.horizontalAdvance(badge) + 10
-            x -= width
-            box = QRect(x, rect.top() + 1, width, sfm.height() + 2)
+            if x + width > rect.right():
+                break  # the tooltip lists the entry whole
+            box = QRect(x, top + 1, width, sfm.height() + 2)
             # On a selected row a white outline keeps a badge that shares the
             # selection's colour (llama.cpp blue) visible.
             painter.setPen(QColor("white") if selected else Qt.PenStyle.NoPen)
@@ -332,25 +346,15 @@ class BadgeDelegate(QStyledItemDelegate):
             painter.drawRoundedRect(box, 6, 6)
             painter.setPen(QColor("white"))
             painter.drawText(box, Qt.AlignmentFlag.AlignCenter, badge)
-            x -= 4
-        font = QFont(option.font)
-        font.setBold(True)
-        painter.setFont(font)
-        bold = painter.fontMetrics()
-        painter.setPen(QColor("#d23c3c") if problem and not selected else text_color)
-        prefix = "⚠ " if problem else ""
-        painter.drawText(QRect(rect.left(), rect.top(), x - rect.left(), line),
-                         Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                         prefix + display_name(bold, name, x - rect.left() - 4 -
-                                               bold.horizontalAdvance(prefix)))
+            x += width + 4
         painter.setFont(option.font)
         sub = QColor(text_color)
         sub.setAlpha(170)
         painter.setPen(sub)
-        painter.drawText(QRect(rect.left(), rect.top() + line + 2, rect.width(), line),
+        painter.drawText(QRect(x, top, rect.right() - x, line),
                          Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                          fm.elidedText(problem or index.data(Qt.ItemDataRole.UserRole) or "",
-                                       Qt.TextElideMode.ElideRight, rect.width()))
+                                       Qt.TextElideMode.ElideRight, max(0, rect.right() - x)))
         painter.restore()
 
 

@@ -163,7 +163,8 @@ class ServerPanel(QWidget):
         self.python = QPlainTextEdit()
         for edit in (self.curl, self.python):
             edit.setReadOnly(True)
-            edit.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+            # Wrapped to be read whole; copied as it is (one command, exact).
+            edit.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)
             font = edit.font()
             font.setFamily("monospace")
             edit.setFont(font)
@@ -198,8 +199,9 @@ class ServerPanel(QWidget):
         self.log_view.verticalHeader().hide()
         self.log_view.setEditTriggers(QTableView.EditTrigger.NoEditTriggers)
         self.log_view.horizontalHeader().setSectionResizeMode(
-            QHeaderView.ResizeMode.ResizeToContents)
+            QHeaderView.ResizeMode.Interactive)
         self.log_view.horizontalHeader().setStretchLastSection(True)
+        self.log_view.setWordWrap(False)
         self.clear_log = QPushButton("Clear")
         self.clear_log.clicked.connect(lambda: self.log_model.removeRows(
             0, self.log_model.rowCount()))
@@ -478,6 +480,7 @@ class ServerPanel(QWidget):
         self.log_model.appendRow(items)
         while self.log_model.rowCount() > LOG_ROWS:
             self.log_model.removeRow(0)
+        self.log_view.resizeColumnsToContents()
         self.log_view.scrollToBottom()
 
     def log_rows(self) -> list[list[str]]:

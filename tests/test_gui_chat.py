@@ -153,6 +153,9 @@ def test_edit_branches_and_the_chat_keeps_its_own_settings(win: MainWindow, qtbo
     # Rename, search, export.
     chat.rename_chat("Greetings")
     assert chat.list_model.item(0).text() == "Greetings"
+    # The list view itself shows it (a reload must not hide rows from the view).
+    assert chat.list.indexAt(chat.list.visualRect(chat.list_model.index(0, 0)).center()
+                             ).data() == "Greetings"
     chat.search.setText("goodbye")
     assert [chat.list_model.item(r).text() for r in range(chat.list_model.rowCount())] == \
         ["Greetings"]
