@@ -6,7 +6,8 @@ generation and cancelled, and the window's Evaluate view.
 The held-out set has 60 rows; scoring all of them for two models takes about three
 minutes on llama.cpp on a busy 2-core machine (longer on OpenVINO), so the tests score a
 fixed subset: rows 1-5 (the five tools, in rotation) and the two rows the variant gets
-wrong (on OpenVINO, which decodes every prompt whole, rows 1, 2, 21 and 44). The per-row expectations below were computed once over all 60 rows with
+wrong (on OpenVINO, which decodes every prompt whole, rows 1, 2, 21 and 44). The
+per-row expectations below were computed once over all 60 rows with
 `variant-studio score smollm2-135m-instruct tool-calls --data resources/demo/heldout.jsonl
 [--backend openvino]`: the variant's greedy answer equals the expected call on 58 of 60
 rows (every row but 21 and 44, on both backends), the base's on none — the 96.7 % and
