@@ -97,6 +97,7 @@ LABELS = {
     "rank / alpha": "Rank / alpha", "backend / format": "Runtime / format",
 }
 DIGEST = re.compile(r"^[0-9a-f]{40,64}$")
+RUNTIMES = {"llama": "llama.cpp", "openvino": "OpenVINO"}
 
 
 def human_label(key: str) -> str:
@@ -122,6 +123,8 @@ def _human_value(key: str, value: Any) -> str:
         parts = dict(p.split("=", 1) for p in value.split(";") if "=" in p)
         added = "added" if parts.get("add_bos") == "true" else "not added"
         return added + (f" (token {parts['bos']})" if parts.get("bos") else "")
+    if key == "backend" and value in RUNTIMES:
+        return RUNTIMES[value]
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, list | tuple):

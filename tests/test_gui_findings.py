@@ -155,6 +155,7 @@ def test_details_use_human_labels_and_short_digests_with_copy(win: MainWindow) -
     text = win.detail.browser.toPlainText()
     assert "Start-of-text token" in text and "not added (token 1)" in text
     assert "Base digest" in text and "bos_policy" not in text and "base_sha256" not in text
+    assert "Runtime\nllama.cpp" in text
     identity = win.detail.entry["identity"]
     assert identity not in text and f"{identity[:12]}…{identity[-4:]}" in text
     assert f'href="copy:{identity}"' in win.detail.browser.toHtml()
