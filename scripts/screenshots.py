@@ -3,8 +3,9 @@
 Run under a virtual display:  xvfb-run -a -s "-screen 0 1400x900x24" \
     .venv/bin/python scripts/screenshots.py
 It uses a scratch data directory with the embedded model, a generated adapter and
-(when present) the shipped demo variant, runs a real chat, a real comparison and a
-short real training run, and grabs each view.
+(when present) the shipped demo variant, runs a real chat (edited and sent again, so it
+has two versions), a real comparison (its first divergence marked), the local server
+with one real request in its log, and a short real training run, and grabs each view.
 """
 
 from __future__ import annotations
@@ -57,6 +58,39 @@ def train_capture(window, wait) -> None:
     wait(window.training.trained, 900_000)
 
 
+def server_capture(window, wait, settle) -> None:
+    """The Server panel, running on a free port, with one request from the official
+    client in its log."""
+    import threading
+
+    from openai import OpenAI
+
+    panel = window.server
+    window.tabs.setCurrentWidget(panel)
+    panel.port.setValue(0)
+    panel.key.setText("")
+    panel.start()
+    wait(window.server_controller.stateChanged, 120_000)
+    if not window.server_controller.running():
+        return
+    port = window.server_controller.port
+    done = threading.Event()
+
+    def ask() -> None:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        client.chat.completions.create(
+            model=panel.example_model.currentText(),
+            messages=[{"role": "user", "content": "Set a timer for 5 minutes."}])
+        done.set()
+
+    threading.Thread(target=ask, daemon=True).start()
+    wait(window.server_controller.requestLogged, 120_000)
+    settle()
+    window.grab().save(str(OUT / "server.png"))
+    window.server_controller.stop()
+    wait(window.server_controller.stateChanged, 60_000)
+
+
 def main() -> int:
     os.environ["VARIANT_STUDIO_HOME"] = tempfile.mkdtemp(prefix="vs-shots-")
     sys.path.insert(0, str(ROOT))
@@ -100,7 +134,7 @@ def main() -> int:
     for mode in ("light", "dark"):
         theme.apply(app, mode)
         window = MainWindow()
-        window.resize(1320, 820)
+        window.resize(1280, 800)  # a laptop screen: the layout holds
         window.show()
         window.select(demo)
         window.tabs.setCurrentWidget(window.detail)
@@ -115,14 +149,22 @@ def main() -> int:
         wait(window.compare.busyChanged)
         settle()
         window.grab().save(str(OUT / f"compare-{mode}.png"))
-        window.open_chat("smol-sea-poet")
+        # A chat edited and sent again: the first question has two versions (‹ 2/2 ›).
+        window.open_chat(base)
         window.chat.new_chat()
-        window.chat.input.setPlainText("Explain what a LoRA adapter is, with a short "
-                                       "Python example.")
+        window.chat.input.setPlainText("Write a Python function that reverses a string.")
         window.chat.send()
         wait(window.chat.answered)
+        window.chat.edit_message(0)
+        window.chat.input.setPlainText("Write a short Python function that adds two "
+                                       "numbers, with a docstring.")
+        window.chat.send()
+        wait(window.chat.answered)
+        window.chat.rename_chat("Small Python functions")
         settle()
         window.grab().save(str(OUT / f"chat-{mode}.png"))
+        if mode == "light":
+            server_capture(window, wait, settle)
         if mode == "light":
             # The wizard reads and checks files in the background: wait for each step.
             dialog = window.import_adapter(str(adapter))
