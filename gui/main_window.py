@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
 
 from engine.catalog import entries, health, imports
 from engine.catalog.store import Catalog
-from engine.curated import setup
+from engine.curated import demo, setup
 from engine.errors import StudioError
 from engine.state import paths, settings, statefile
 from gui import help as help_menu
@@ -104,7 +104,7 @@ class MainWindow(QMainWindow):
         self.setAcceptDrops(True)
         self.catalog = catalog or Catalog()
         # The app's first run gets the shipped demo variant, like the CLI's.
-        setup.first_run(self.catalog, with_demo=True)
+        self.first_run = setup.first_run(self.catalog, with_demo=True)
         # The client reads the settings (threads) each time it starts an engine.
         self.client = client or QtEngineClient(self)
         self.events = CatalogEvents(self)
@@ -560,12 +560,20 @@ class MainWindow(QMainWindow):
                 "and conversations are safe. The engine restarts with the next request.")
 
     def _show_state_notices(self) -> None:
-        """State files that were unreadable at start were set aside: say so."""
+        """State files that were unreadable at start were set aside: say so. On the
+        first run, a welcome that points at the demo variant and the comparison."""
         notes = statefile.take_notices()
         if notes:
             self.banner.show_message(
                 "<b>Some saved state could not be read and was set aside</b> (nothing was "
                 "deleted):<br>" + "<br>".join(html.escape(n) for n in notes), kind="info")
+        elif self.first_run and demo.VARIANT_NAME in self.catalog.data()["variants"]:
+            self.banner.show_message(
+                f"<b>Welcome to Variant Studio.</b> Start with the demo variant "
+                f"<b>{demo.VARIANT_NAME}</b> (the bundled model with an adapter trained "
+                "to answer with JSON tool calls): chat with it (Ctrl+2), then compare it "
+                "with its base (Ctrl+K) to see the first token where the adapter changes "
+                "the answer. Import your own adapter with Ctrl+I.", kind="info")
 
     def _described(self, info: dict[str, Any]) -> None:
         residents = info.get("residents") or []

@@ -62,3 +62,15 @@ def test_every_action_is_reachable_from_the_keyboard(window: MainWindow) -> None
                    window.compare.variant, window.library.search, window.library.tree,
                    window.server.key, window.server.port, window.tabs):
         assert widget.accessibleName(), widget
+
+
+def test_a_first_run_welcomes_and_points_at_the_demo_and_the_comparison(
+        window: MainWindow, qtbot) -> None:
+    assert window.first_run and window.banner.isVisible()
+    text = window.banner.label.text()
+    assert "Welcome" in text and "tool-calls" in text and "Ctrl+K" in text
+    again = MainWindow()  # the same data directory: not a first run any more
+    qtbot.addWidget(again)
+    again.show()
+    assert not again.first_run and not again.banner.isVisible()
+    again.close()
