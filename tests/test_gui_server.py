@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import openai
@@ -74,8 +77,13 @@ def test_the_panel_serves_the_openai_client_and_logs_each_request(
         exec(compile(example, "example", "exec"), {})  # noqa: S102
     answer = printed.getvalue().strip()
     assert answer.startswith("{")  # the demo variant answers with a JSON tool call
+    if shutil.which("curl"):  # the curl example too, as a shell runs it
+        shown = subprocess.run(["bash", "-c", panel.curl.toPlainText()], capture_output=True,
+                               text=True, timeout=LONG / 1000, check=True).stdout
+        assert json.loads(shown)["choices"][0]["message"]["content"] == answer
 
-    qtbot.waitUntil(lambda: panel.log_model.rowCount() == 1, timeout=SHORT)
+    qtbot.waitUntil(lambda: panel.log_model.rowCount() == (2 if shutil.which("curl") else 1),
+                    timeout=SHORT)
     _time, model, identity, prompt, completion, speed, status = panel.log_rows()[0]
     assert (model, status) == (VARIANT_NAME, "200")
     assert identity == resolve.identity(Catalog(), VARIANT_NAME).short
