@@ -334,8 +334,16 @@ class CompareView(QWidget):
         self.variant_side.reset(variant_title)
         self.result = None
         self.plot.set_data([], [], None)
-        self.summary.setText(f"Now comparing {html.escape(name)}: run it (Ctrl+Enter)."
-                             if name and shown else "")
+        if not name:  # an empty state that says what to do next
+            text = ("No variant to compare yet: compose one (Ctrl+Shift+N) or import an "
+                    "adapter (Ctrl+I).")
+        elif shown:
+            text = f"Now comparing {html.escape(name)}: run it (Ctrl+Enter)."
+        else:
+            text = (f"Write a prompt and run it (Ctrl+Enter): the base and "
+                    f"{html.escape(name)} answer side by side, and the first token where "
+                    "they differ is marked.")
+        self.summary.setText(text)
         self._update_buttons()
 
     @staticmethod

@@ -129,3 +129,12 @@ def test_the_summary_explains_the_effect_and_the_history_survives_a_switch(
     assert asked == ["Markdown (*.md);;All files (*)", "JSON (*.json);;All files (*)"]
     assert (tmp_path / "comparison.md").read_text(encoding="utf-8") == md
     assert '"adapter_effect"' in (tmp_path / "comparison.json").read_text(encoding="utf-8")
+
+
+def test_compare_says_what_to_do_next_when_empty(window: MainWindow) -> None:
+    view = window.compare
+    view.select_variant(VARIANT_NAME)
+    view._choice_changed()
+    assert "Write a prompt and run it (Ctrl+Enter)" in view.summary.text()
+    view.set_variants([])
+    assert "No variant to compare yet" in view.summary.text()
