@@ -537,3 +537,111 @@ def test_scales_and_several_adapters_are_folded_faithfully(
     print("mixed", json.dumps(mixed), "effect", json.dumps(effect))
     assert within(mixed, VARIANT_LIMITS), mixed
     assert mixed["mean_kl"] < EFFECT_SHARE * effect["mean_kl"], (mixed, effect)
+
+
+# --------------------------------------------------------- OpenVINO Model Server (ovms)
+
+
+def test_ovms_options_are_refused_where_they_do_not_apply(
+        home: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    target = str(tmp_path / "a")
+    cases = [
+        (["export", VARIANT, "--target", "vllm", "--merge-type", "f16", "--out", target], 2),
+        (["export", VARIANT, "--target", "llama-server", "--task-rows", "2", "--out",
+          target], 2),
+        (["export", VARIANT, "--target", "ovms", "--merge-type", "q4_k_m", "--out", target],
+         2),  # below 8 bits: not offered
+        (["export", VARIANT, "--target", "ovms", "--copy-base", "--out", target], 2),
+        (["export", BASE, "--target", "ovms", "--out", target], 2),
+        (["export", "nope", "--target", "ovms", "--out", target], 4),
+    ]
+    for argv, expected in cases:
+        code, out, err = run(capsys, *argv)
+        assert code == expected, (argv, err)
+        assert out == "" and err.startswith("error: ") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_ovms_export_is_the_merged_variant_and_answers_like_it_in_openvino_genai(
+        home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+        base_info: BaseModelInfo, capsys: pytest.CaptureFixture,
+        record_property: Any) -> None:
+    """The OVMS repository (config.json, graph.pbtxt, the IR) holds the variant merged
+    into F16; OpenVINO GenAI (what the model server's LLM calculator runs) loads the IR
+    with the graph's plugin_config and decodes held-out requests greedily to the same
+    tokens as the dynamic variant on llama.cpp, with the expected tool calls."""
+    import openvino_genai
+
+    from engine.catalog.profiles import Sampling
+    from engine.catalog.resolve import resolve
+    from engine.formats.templates import Message, render
+    from engine.runtime import messages
+    from engine.runtime.client import EngineClient
+    from engine.serve.export import ovms
+    from tests import openvino_helpers
+
+    openvino_helpers.cache_dir(tmp_path_factory)  # the session's OpenVINO build cache
+    out = tmp_path / "ovms"
+    code, text, err = run(capsys, "export", VARIANT, "--target", "ovms", "--out", str(out),
+                          "--eval-rows", "6", "--task-rows", "2", "--json")
+    assert code == 0, err
+    manifest = assert_manifest_matches(out)
+    assert json.loads(text) == {"dir": str(out), **manifest}
+    assert manifest["target"] == "ovms" and manifest["base"]["merged"] is True
+    assert manifest["base"]["merge_type"] == "f16" and manifest["base"]["layers_named"] == 210
+    assert manifest["merge"]["survival"] >= 0.95 and manifest["merge"]["accepted"]
+    assert manifest["merge"]["task"]["merged"]["strict"] == 1.0
+    (adapter,) = manifest["adapters"]
+    assert adapter["folded"] is True and adapter["name"] == demo.ADAPTER_NAME
+    assert json.loads((out / "config.json").read_text()) == {
+        "mediapipe_config_list": [{"name": VARIANT, "base_path": VARIANT}],
+        "model_config_list": []}
+    model_dir = out / VARIANT
+    graph = (model_dir / "graph.pbtxt").read_text()
+    for line in ('calculator: "HttpLLMCalculator"', 'input_side_packet: "LLM_NODE_RESOURCES:llm"',
+                 'models_path: "./"', "back_edge: true", 'device: "CPU"'):
+        assert line in graph
+    plugin = json.loads(graph.split("plugin_config: '", 1)[1].split("'", 1)[0])
+    assert plugin == ovms.PLUGIN_CONFIG
+    assert (model_dir / "chat_template.jinja").read_text() == base_info.chat_template
+    assert "__module.model.layers.29.self_attn.v_proj/aten::linear/MatMul" in (
+        model_dir / "openvino_model.xml").read_text()
+    request = json.loads((out / "request.json").read_text())["request"]
+    assert request["model"] == VARIANT and request["messages"][0]["content"] == \
+        demo.SYSTEM_PROMPT
+    assert "/v3/chat/completions" in (out / "README.md").read_text()
+
+    rows = [json.loads(line) for line in HELDOUT.read_text().splitlines()[10:14]]
+    catalog = Catalog()
+    spec = resolve(catalog, VARIANT)
+    greedy = Sampling.from_dict({"temperature": 0.0, "max_tokens": 48, "repeat_penalty": 1.0})
+    client = EngineClient()
+    try:
+        served = [client.call(messages.Generate(spec, messages.Prompt(
+            row["messages"][1]["content"], chat=True, system=demo.SYSTEM_PROMPT), greedy),
+            timeout=300) for row in rows]
+    finally:
+        client.close()
+
+    pipe = openvino_genai.LLMPipeline(str(model_dir), "CPU", **ovms.PLUGIN_CONFIG)
+    tokenizer = pipe.get_tokenizer()
+    config = pipe.get_generation_config()
+    config.max_new_tokens, config.do_sample = 48, False
+    agreeing = []
+    for row, variant in zip(rows, served, strict=True):
+        chat = [{"role": "system", "content": demo.SYSTEM_PROMPT},
+                {"role": "user", "content": row["messages"][1]["content"]}]
+        prompt = tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+        assert prompt == render(base_info.chat_template,
+                                [Message(m["role"], m["content"]) for m in chat])
+        result = pipe.generate(tokenizer.encode(prompt, add_special_tokens=False), config)
+        tokens = [int(t) for t in result.tokens[0]]
+        answer = tokenizer.decode(tokens, skip_special_tokens=True)
+        expected = json.loads(row["messages"][-1]["content"])
+        assert json.loads(answer) == expected == json.loads(variant["text"]), answer
+        ids = variant["token_ids"]
+        agreeing.append(next((i for i, (a, b) in enumerate(zip(ids, tokens, strict=False))
+                              if a != b), min(len(ids), len(tokens))))
+        assert tokens[:len(ids)] == ids, (tokens, ids)
+    record_property("ovms_agreeing_tokens", json.dumps(agreeing))
