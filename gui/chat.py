@@ -779,10 +779,14 @@ class ChatView(QWidget):
             sampling = replace(sampling, seed=random.randrange(2**31))
         return sampling
 
+    @staticmethod
+    def _history(messages: tuple[ChatMessage, ...] | list[ChatMessage]) -> tuple[Message, ...]:
+        """What an answer is asked from: the messages before it, failed answers left out."""
+        return tuple(Message(m.role, m.content) for m in messages if not m.error)
+
     def _start(self, fresh_seed: bool = False) -> None:
         assert self.conversation is not None and self.model_name is not None
-        history = tuple(Message(m.role, m.content)
-                        for m in self.conversation.messages if not m.error)
+        history = self._history(self.conversation.messages)
         try:
             spec = self._spec()
             sampling = self.sampling(fresh_seed)
@@ -866,7 +870,7 @@ class ChatView(QWidget):
             backend=(result or {}).get("backend"),
             seed=self._sampling.seed if self._sampling else None,
             finish_reason=(result or {}).get("finish_reason"),
-            replay=(result or {}).get("replay"))
+            replay=_without_messages((result or {}).get("replay")))
         branch, self._branch = self._branch, None
         if branch is not None and branch[1].id == self.conversation.id:
             index, before = branch
@@ -912,6 +916,12 @@ class ChatView(QWidget):
         record = self.conversation.messages[index].replay
         if not record or self.replayer.running():
             return
+        # The record leaves out the messages it was asked from (they are the
+        # conversation up to this answer: storing them in every answer would make a
+        # conversation file grow with the square of its length).
+        record = {**record, "prompt": {**record["prompt"], "messages": [
+            {"role": m.role, "content": m.content}
+            for m in self._history(self.conversation.messages[:index])]}}
         self.status.setText("replaying…")
         self.replayer.replay(record)
 
@@ -928,3 +938,11 @@ class ChatView(QWidget):
             if message.role == "assistant" and message.content:
                 QGuiApplication.clipboard().setText(message.content)
                 return
+
+
+def _without_messages(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A replay record as a chat answer keeps it: without the conversation's messages
+    (see `ChatView.replay_message`; the prompt's token digest still checks them)."""
+    if not record or not isinstance(record.get("prompt"), dict):
+        return record
+    return {**record, "prompt": {**record["prompt"], "messages": []}}
