@@ -42,7 +42,7 @@ from engine.catalog import entries, health, imports
 from engine.catalog.store import Catalog
 from engine.curated import demo, setup
 from engine.errors import StudioError
-from engine.state import paths, settings, statefile
+from engine.state import paths, presence, settings, statefile
 from gui import help as help_menu
 from gui import notify, theme
 from gui.catalog_events import CATALOG_KINDS, CatalogEvents, touches
@@ -54,6 +54,7 @@ from gui.controllers.openvino_build import OpenVinoBuild
 from gui.controllers.server import ServerController
 from gui.controllers.training import TrainingController
 from gui.detail import DetailPane
+from gui.download_dialog import DownloadDialog
 from gui.engine_client import QtEngineClient
 from gui.evaluate import EvaluateView
 from gui.library import LibraryView, snapshot
@@ -107,6 +108,9 @@ class MainWindow(QMainWindow):
         self.first_run = setup.first_run(self.catalog, with_demo=True)
         # The client reads the settings (threads) each time it starts an engine.
         self.client = client or QtEngineClient(self)
+        # `status` reads this (and the engine's state, kept up to date below): it never
+        # starts an engine of its own to describe one.
+        self.presence = presence.announce("app")
         self.events = CatalogEvents(self)
         self.window_state = QSettings(str(paths.data_dir() / "window.ini"),
                                       QSettings.Format.IniFormat)
@@ -216,6 +220,10 @@ class MainWindow(QMainWindow):
         # Through a lambda: `triggered` passes its `checked` flag, which is no path.
         self.act_model = action("Add base model…", "Ctrl+Shift+B", lambda: self.add_model(),
                                 "Add a GGUF base model")
+        self.act_download = action("Download model or adapter…", "Ctrl+Shift+D",
+                                   lambda: self.download(),
+                                   "From a URL or a Hugging Face repository, checked like "
+                                   "an import")
         self.act_variant = action("New variant…", "Ctrl+Shift+N", lambda: self.compose())
         self.act_new_chat = action("New chat", "Ctrl+N", self._new_chat)
         self.act_stop = action("Stop", "Esc", self.stop_current, "Stop generating")
@@ -233,8 +241,8 @@ class MainWindow(QMainWindow):
         self.act_quit = action("Quit", "Ctrl+Q", self.close)
         menu = self.menuBar()
         file_menu = menu.addMenu("&File")
-        for act in (self.act_import, self.act_model, None, self.act_settings, None,
-                    self.act_quit):
+        for act in (self.act_import, self.act_model, self.act_download, None,
+                    self.act_settings, None, self.act_quit):
             file_menu.addSeparator() if act is None else file_menu.addAction(act)
         model_menu = menu.addMenu("&Model")
         for act in (self.act_variant, self.act_new_chat, self.act_compare, self.act_evaluate,
@@ -256,6 +264,7 @@ class MainWindow(QMainWindow):
         style = self.style()
         pixmap = QStyle.StandardPixmap
         for act, icon in ((self.act_import, pixmap.SP_DialogOpenButton),
+                          (self.act_download, pixmap.SP_ArrowDown),
                           (self.act_variant, pixmap.SP_FileDialogNewFolder),
                           (self.act_new_chat, pixmap.SP_FileIcon),
                           (self.act_compare, pixmap.SP_FileDialogContentsView),
@@ -433,6 +442,21 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"adding {name} was cancelled; nothing was added",
                                          8000)
 
+    def download(self) -> DownloadDialog:
+        """File → Download model or adapter… (non-modal: the window goes on meanwhile)."""
+        current = self.library.current()
+        base = current[1] if current and current[0] == "model" else None
+        dialog = DownloadDialog(self.catalog, self.events, base, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.downloaded.connect(self._downloaded)
+        dialog.show()
+        return dialog
+
+    def _downloaded(self, name: str) -> None:
+        # The dialog announced the entries (the library has them): show the new one.
+        self.select(name)
+        self.statusBar().showMessage(f"downloaded and added {name}", 8000)
+
     def compose(self, editing: str | None = None, duplicate_of: str | None = None,
                 adapter: str | None = None) -> ComposerDialog:
         dialog = ComposerDialog(self.catalog, self.events, editing, duplicate_of, adapter,
@@ -551,6 +575,7 @@ class MainWindow(QMainWindow):
         labels = {"running": "● engine running", "stopped": "○ engine idle",
                   "crashed": "✗ engine stopped"}
         self.engine_label.setText(labels.get(state, state))
+        self.presence.engine(state, self.client.pid())
         if state != "running" and self._describe_when_stopped:
             self._describe_when_stopped = False
             self.client.describe()
@@ -649,6 +674,9 @@ class MainWindow(QMainWindow):
         self.openvino.stop()
         for task in self._tasks:
             task.cancel()
+        for dialog in self.findChildren(DownloadDialog):
+            dialog.cancel()  # a download in flight keeps nothing
         self.training.shutdown()
         self.client.close()
+        self.presence.close()
         super().closeEvent(event)

@@ -35,9 +35,11 @@ def test_generate_compare_and_status_json(studio_home: Path, tmp_path: Path, bas
     out = capsys.readouterr()
     assert out.out.strip() and BASE in out.err
 
+    # Each command ran an engine of its own, stopped when it ended; status starts none
+    # to describe it (issue 14: it used to start one and report that as running).
     assert cli.main(["status", "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert status["engine"]["state"] == "running" and status["engine"]["sessions"] == []
+    assert status["engine"]["state"] == "none" and status["engine"]["front_ends"] == []
 
 
 def test_generate_refuses_bad_sampling_and_compare_needs_a_variant(

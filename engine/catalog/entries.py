@@ -46,7 +46,7 @@ def list_entries(catalog: Catalog, pending: Pending = ()) -> dict[str, list[dict
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:
     keys = ("name", "kind", "backend", "format", "sha256", "path", "curated", "source",
-            "installed_at", "size", "base", "verified", "default_scale")
+            "installed_at", "size", "base", "verified", "default_scale", "download")
     return {k: record[k] for k in keys if k in record}
 
 
@@ -257,6 +257,18 @@ def _pending_show(entry: dict[str, Any]) -> dict[str, Any]:
                  "detail": f"the embedded model {entry['built_from']['path']} is installed"
                            + (f" (the llama.cpp model {mirrors})" if mirrors else "")},
             ]}
+
+
+def download_line(record: dict[str, Any]) -> str:
+    """Where a downloaded entry came from, in one line (`show`, the detail pane)."""
+    if record.get("url"):
+        where = str(record["url"])
+    else:
+        where = (f"Hugging Face {record.get('repo')}: {', '.join(record.get('files', []))} "
+                 f"at {record.get('revision')}"
+                 + (f" (commit {record['commit']})" if record.get("commit") else ""))
+    checked = ", sha256 checked" if record.get("sha256_checked") else ""
+    return f"{where} on {record.get('downloaded_at')}{checked}"
 
 
 def provenance_lines(record: dict[str, Any]) -> list[str]:

@@ -181,8 +181,12 @@ def add_adapter(
     cancelled: digest.CancelCheck | None = None,
     provenance: dict[str, Any] | None = None,
     shipped: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Copy, inspect and validate an adapter, then add it. Refusal changes nothing.
+
+    `extra` fields are kept in the record (a download's `download`: URL or repo and
+    commit).
 
     A `provenance` record is stored in the catalog and as `provenance.json` beside
     the stored file. `shipped` adapters (the app's own demo) are stored under
@@ -235,6 +239,7 @@ def add_adapter(
     }
     if provenance is not None:
         record["provenance"] = provenance
+    record.update(extra or {})
     if staged.signature is not None:
         if staged.signature.status != "unsigned":
             record["signature"] = signatures.import_record(staged.signature)

@@ -262,6 +262,9 @@ class Catalog:
             return data
 
         self.state.update(drop)
+        if kind == "model" and Path(record["path"]).parent == paths.model_store(name):
+            # A downloaded model lives in the store (other models stay where they are).
+            shutil.rmtree(paths.model_store(name), ignore_errors=True)
         if kind == "adapter":
             shutil.rmtree(paths.adapter_store(name), ignore_errors=True)
             shipped = paths.data_dir() / "shipped" / name

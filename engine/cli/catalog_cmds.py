@@ -5,9 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from engine.catalog import entries, evaluation, imports, resolve
+from engine.catalog import downloads, entries, evaluation, imports, resolve
 from engine.catalog.store import AdapterSpec, Catalog
-from engine.cli.output import ICONS, build_progress, emit_json, progress
+from engine.cli.output import (
+    ICONS,
+    build_progress,
+    emit_json,
+    progress,
+    stage_line,
+    transfer_progress,
+)
 from engine.curated import embedded, openvino_default, setup
 from engine.errors import StudioError, UsageError
 from engine.formats import lora_io
@@ -59,10 +66,33 @@ def cmd_model(catalog: Catalog, args: argparse.Namespace) -> int:
               f"{built.get('layers_named')} layers named by structure, "
               f"{built.get('names_cross_checked')} cross-checked)")
         return 0
-    record = imports.add_model(catalog, args.name, args.file, args.backend, args.source,
-                               args.curated, progress=progress(f"hashing {args.file.name}"))
+    source = download_source(args, "model")
+    if source is not None:
+        record = downloads.download_model(catalog, args.name, source, args.backend,
+                                          progress=transfer_progress(args.name),
+                                          stage=stage_line(args.name))
+    else:
+        if args.sha256:
+            downloads.verify_sha256(args.file, downloads.check_sha256(args.sha256),
+                                    remember=True)
+        record = imports.add_model(catalog, args.name, args.file, args.backend, args.source,
+                                   args.curated, progress=progress(f"hashing {args.file.name}"))
     print(f"added model {record['name']} ({record['backend']}, sha256 {record['sha256'][:16]}…)")
     return 0
+
+
+def download_source(args: argparse.Namespace, kind: str) -> downloads.Source | None:
+    """The download `model add` / `adapter add` asks for (None: --file), checked."""
+    if args.file is not None:
+        if args.filename or args.revision:
+            raise UsageError("--filename and --revision go with --hf")
+        return None
+    if args.source:
+        raise UsageError("--source goes with --file (a download records its URL or repo)")
+    if getattr(args, "curated", False):
+        raise UsageError("--curated goes with --file")
+    return downloads.Source.parse(kind, url=args.url, repo=args.hf, filename=args.filename,
+                                  revision=args.revision, sha256=args.sha256)
 
 
 def cmd_adapter(catalog: Catalog, args: argparse.Namespace) -> int:
@@ -86,8 +116,16 @@ def cmd_adapter(catalog: Catalog, args: argparse.Namespace) -> int:
                                    str(meta.get("architecture") or "llama"))
         print(f"wrote {out}")
         return 0
-    record = imports.add_adapter(catalog, args.name, args.base, args.file, args.source, args.strict,
-                                 progress=progress(f"copying {args.file.name}"))
+    source = download_source(args, "adapter")
+    if source is not None:
+        record = downloads.download_adapter(catalog, args.name, args.base, source, args.strict,
+                                            progress=transfer_progress(args.name),
+                                            stage=stage_line(args.name))
+    else:
+        if args.sha256:
+            downloads.verify_sha256(args.file, downloads.check_sha256(args.sha256))
+        record = imports.add_adapter(catalog, args.name, args.base, args.file, args.source,
+                                     args.strict, progress=progress(f"copying {args.file.name}"))
     label = "verified" if record["verified"] else "user-provided, unverified"
     print(f"added adapter {record['name']} for {record['base']} ({label}, "
           f"sha256 {record['sha256'][:16]}…)")
@@ -144,6 +182,7 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
             "files", "backends", "evaluation"}
     skip.add("signature")  # one line, below
     skip.add("merged_from")  # `merge` says it in a line; the figures are in --json
+    skip.add("download")  # one line, below
     pending = entry.get("built") is False
     if pending:  # the OpenVINO default before its first use: say how it gets built
         print(f"  not built yet: {entry['how']}")
@@ -177,6 +216,9 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
                 print(f"    {evaluation.score_line(model, backend, score)}")
         if not item["scores"]:
             print("    no scores yet (variant-studio score NAME --data FILE)")
+    fetched = entry.get("download")
+    if isinstance(fetched, dict):
+        print(f"  downloaded: {entries.download_line(fetched)}")
     signature = entry.get("signature")
     if isinstance(signature, dict):
         who = f" by {signature['signer']}" if signature["status"] == "valid" else ""

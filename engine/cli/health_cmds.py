@@ -8,7 +8,7 @@ from engine.catalog import health, validation
 from engine.catalog.store import Catalog
 from engine.cli import qt_platform
 from engine.cli.output import ICONS, emit_json
-from engine.curated import embedded
+from engine.curated import embedded, setup
 from engine.runtime import status
 
 
@@ -22,17 +22,41 @@ def installation_checks() -> list[validation.Check]:
 
 
 def cmd_status(catalog: Catalog, args: argparse.Namespace) -> int:
-    info = status.status_info(catalog)
+    """Read-only: never starts an engine to describe it (see engine.runtime.status)."""
+    info = status.status_info(catalog, setup.pending_entries(catalog))
     if args.json:
         emit_json(info)
         return 0
     print(f"Variant Studio {info['version']}")
     print(f"  data directory: {info['data_dir']}")
-    print("  catalog: " + ", ".join(f"{n} {k}" for k, n in info["catalog"].items()))
+    counts = info["catalog"]
+    pending = info["pending"]
+    # As `list` shows them: a pending model (built on first use) is counted, and said.
+    models = f"{counts['models'] + pending['models']} models"
+    if pending["models"]:
+        models += f" ({pending['models']} not built yet: {', '.join(pending['names'])})"
+    print(f"  catalog: {models}, {counts['adapters']} adapters, {counts['variants']} variants")
     engine = info["engine"]
-    print(f"  engine: {engine.get('state')} (pid {engine.get('pid')}, "
-          f"{engine.get('memory', {}).get('rss_bytes', 0) / 2**20:.0f} MiB resident)")
+    if not engine["front_ends"]:
+        print(f"  engine: {status.NO_ENGINE}")
+    for front in engine["front_ends"]:
+        print(f"  engine: {front_end_line(front)}")
     return 0
+
+
+def front_end_line(front: dict) -> str:
+    """One running front end and its engine, as `status` prints it."""
+    where = {"app": "the desktop app", "server": "the local server"}.get(
+        front.get("kind"), str(front.get("kind")))
+    if front.get("url"):
+        where += f" at {front['url']}"
+    engine = front.get("engine") or {}
+    if engine.get("state") == "running":
+        rss = engine.get("rss_bytes")
+        memory = f", {rss / 2**20:.0f} MiB resident" if rss else ""
+        return f"running in {where} (pid {front['pid']}): engine pid {engine['pid']}{memory}"
+    return (f"idle in {where} (pid {front['pid']}): its engine starts with the next "
+            "request")
 
 
 def cmd_doctor(catalog: Catalog, args: argparse.Namespace) -> int:

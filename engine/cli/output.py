@@ -49,3 +49,32 @@ def build_progress() -> Callable[[str, float], None]:
     return report
 
 
+
+
+def transfer_progress(label: str) -> Callable[[int, int], None] | None:
+    """A stderr progress line for a download (and the checks after it), on a terminal."""
+    if not sys.stderr.isatty():
+        return None
+    last = {"percent": -1}
+
+    def report(done: int, total: int) -> None:
+        percent = done * 100 // max(total, 1)
+        if percent != last["percent"]:
+            last["percent"] = percent
+            print(f"\r{label}: {percent}% of {total / 2**20:.1f} MiB", end="",
+                  file=sys.stderr, flush=True)
+
+    return report
+
+
+def stage_line(label: str) -> Callable[[str], None]:
+    """One stderr line per stage of a download ("downloading", "checking"), on a
+    terminal (elsewhere stderr holds only warnings and the error line)."""
+    tty = sys.stderr.isatty()
+
+    def report(stage: str) -> None:
+        if tty:
+            print(f"{chr(10) if stage != 'downloading' else ''}{label}: {stage}…",
+                  file=sys.stderr, flush=True)
+
+    return report

@@ -264,11 +264,15 @@ def _model_parser(sub: Any) -> None:
         dest="action", required=True, parser_class=Parser)
     madd = model.add_parser("add", help="register a base model (GGUF file or OpenVINO folder)")
     madd.add_argument("name", help="name of the new base model")
-    madd.add_argument("--file", required=True, type=Path,
-                      help="the GGUF file or OpenVINO IR folder (it stays where it is)")
+    where = madd.add_mutually_exclusive_group(required=True)
+    where.add_argument("--file", type=Path,
+                       help="the GGUF file or OpenVINO IR folder (it stays where it is)")
+    _download_flags(madd, where, "model")
     madd.add_argument("--backend", choices=BACKENDS,
-                      help=f"the backend that serves it, {BACKEND_HELP} (default: by format)")
-    madd.add_argument("--source", help="where it came from, for its provenance")
+                      help=f"the backend that serves it, {BACKEND_HELP} (default: by format; "
+                           "a download is a GGUF file for llama)")
+    madd.add_argument("--source", help="where it came from, for its provenance (with --file; "
+                      "a download records its URL or repo and commit)")
     madd.add_argument("--curated", action="store_true", help="mark it as curated")
     model.add_parser("openvino-default", help="build (the first time) and add the curated "
                      "OpenVINO default base, made from the embedded GGUF")
@@ -280,9 +284,12 @@ def _adapter_parser(sub: Any) -> None:
     aadd = adapter.add_parser("add", help="import an adapter for a base model")
     aadd.add_argument("name", help="name of the new adapter")
     aadd.add_argument("--base", required=True, help="the base model it was made for")
-    aadd.add_argument("--file", required=True, type=Path,
-                      help="a GGUF LoRA file, or a PEFT folder or .safetensors file")
-    aadd.add_argument("--source", help="where it came from, for its provenance")
+    where = aadd.add_mutually_exclusive_group(required=True)
+    where.add_argument("--file", type=Path,
+                       help="a GGUF LoRA file, or a PEFT folder or .safetensors file")
+    _download_flags(aadd, where, "adapter")
+    aadd.add_argument("--source", help="where it came from, for its provenance (with --file; "
+                      "a download records its URL or repo and commit)")
     aadd.add_argument("--strict", action="store_true",
                       help="refuse unless the adapter declares its base's sha256")
     aconv = adapter.add_parser("convert", help="give an adapter a file for the other backend "
@@ -297,6 +304,28 @@ def _adapter_parser(sub: Any) -> None:
     afile.add_argument("target", type=Path, help="where to write the converted LoRA")
     afile.add_argument("--base", help="the base whose head counts order q/k rows "
                        "(default: the embedded llama.cpp model)")
+
+
+def _download_flags(parser: argparse.ArgumentParser, where: Any, kind: str) -> None:
+    """--url / --hf (beside --file in `where`), --filename, --revision, --sha256."""
+    what = "the GGUF file" if kind == "model" else "the adapter file"
+    where.add_argument("--url", help=f"download {what} from this http(s) URL (kept in the "
+                       "data directory's cache while it downloads; run the command again "
+                       "to resume an interrupted download)")
+    where.add_argument("--hf", metavar="REPO",
+                       help="download from this Hugging Face repository (NAMESPACE/NAME; "
+                            "HF_ENDPOINT points at another hub, HF_TOKEN sends a token)")
+    parser.add_argument("--filename", metavar="FILE",
+                        help="with --hf: the file in the repository" + (
+                            " (required: the GGUF file)" if kind == "model" else
+                            " (default: the PEFT pair adapter_model.safetensors + "
+                            "adapter_config.json)"))
+    parser.add_argument("--revision", metavar="REV",
+                        help="with --hf: a branch, tag or commit (default main; the commit "
+                             "it resolves to is recorded)")
+    parser.add_argument("--sha256", metavar="HEX",
+                        help="refuse unless the file's sha256 is this (checked before "
+                             "anything is added; for a PEFT pair, the weights file)")
 
 
 def _train_parser(sub: Any) -> None:

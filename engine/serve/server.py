@@ -22,13 +22,38 @@ from engine.runtime.client import EngineClient
 from engine.serve.app import LogEntry, ServerState, create_app, guarded
 from engine.serve.bridge import EngineBridge
 from engine.serve.config import ServeConfig
+from engine.state import presence
 
 
-def engine_client(config: ServeConfig) -> EngineClient:
+def engine_client(config: ServeConfig,
+                  on_state: Callable[[str, str], None] | None = None) -> EngineClient:
     def env() -> dict[str, str]:
         return {**os.environ, "VARIANT_STUDIO_MAX_SESSIONS": str(config.max_sessions)}
 
-    return EngineClient(env=env)
+    return EngineClient(env=env, on_state=on_state)
+
+
+class _Announced:
+    """The server's file in `<data>/run/` (`engine.state.presence`, read by `status`),
+    kept up to date with its engine's state once the server listens."""
+
+    def __init__(self) -> None:
+        self.presence: presence.Presence | None = None
+        self.client: EngineClient | None = None
+
+    def start(self, url: str) -> None:
+        self.presence = presence.announce("server", url)
+        if self.client is not None and self.client.running():
+            self.presence.engine("running", self.client.pid)
+
+    def engine(self, state: str, _detail: str) -> None:
+        if self.presence is not None and self.client is not None:
+            self.presence.engine(state, self.client.pid)
+
+    def stop(self) -> None:
+        if self.presence is not None:
+            self.presence.close()
+            self.presence = None
 
 
 def _uvicorn(config: ServeConfig, app: object) -> uvicorn.Server:
@@ -53,7 +78,8 @@ class ServerThread:
     def __init__(self, config: ServeConfig, catalog: Catalog | None = None,
                  on_request: Callable[[LogEntry], None] | None = None) -> None:
         self.config = config
-        self.client = engine_client(config)
+        self._announced = _Announced()
+        self.client = self._announced.client = engine_client(config, self._announced.engine)
         self.app = create_app(config, EngineBridge(self.client, config.queue_limit), catalog)
         self.state: ServerState = self.app.state.server
         if on_request is not None:
@@ -81,6 +107,7 @@ class ServerThread:
         if not self._server.started:
             self.stop()
             raise RuntimeError(f"the server did not start: {self.error!r}")
+        self._announced.start(self.url)
         return self
 
     @property
@@ -89,6 +116,7 @@ class ServerThread:
         return f"http://{host}:{self.port}"
 
     def stop(self, timeout: float = 30.0) -> None:
+        self._announced.stop()
         self._server.should_exit = True
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -99,7 +127,8 @@ class ServerThread:
 def serve(config: ServeConfig, catalog: Catalog | None = None,
           on_request: Callable[[LogEntry], None] | None = None) -> int:
     """Serve in the foreground until interrupted (SIGINT/SIGTERM); returns the exit code."""
-    client = engine_client(config)
+    announced = _Announced()
+    client = announced.client = engine_client(config, announced.engine)
     app = create_app(config, EngineBridge(client, config.queue_limit), catalog)
     if on_request is not None:
         app.state.server.listeners.append(on_request)
@@ -109,9 +138,11 @@ def serve(config: ServeConfig, catalog: Catalog | None = None,
     print(f"serving on http://{host}:{sock.getsockname()[1]}/v1 "
           f"({'API key required' if config.api_key else 'no key: loopback only'}); "
           "Ctrl-C stops", file=sys.stderr, flush=True)
+    announced.start(f"http://{host}:{sock.getsockname()[1]}")
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:
+        announced.stop()
         sock.close()
         client.close()
     return 0

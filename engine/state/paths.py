@@ -86,6 +86,12 @@ def adapter_store(name: str) -> Path:
     return data_dir() / "adapters" / check_name(name, "adapter name")
 
 
+def model_store(name: str) -> Path:
+    """The directory holding a downloaded base model's file (other models stay where
+    they are)."""
+    return data_dir() / "models" / check_name(name, "model name")
+
+
 def cache_dir(create: bool = True) -> Path:
     path = data_dir(create) / "cache"
     if create:
