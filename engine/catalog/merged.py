@@ -191,7 +191,8 @@ def summary(record_from: dict[str, Any]) -> str:
             f"({record_from.get('type')}); behaviour survival {shown} (threshold "
             f"{record_from.get('threshold')})")
     if record_from.get("erased"):
-        text += "; labelled ERASED: the fine-tune did not survive the output grid"
+        text += ("; labelled ERASED: below the threshold, the fine-tune did not survive "
+                 "the output's grid intact (kept with --allow-erased)")
     return text
 
 

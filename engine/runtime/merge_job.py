@@ -73,8 +73,8 @@ class MergeRefused(RefusedError):
         shown = "not measurable (the adapter changes nothing on the evaluation set)" \
             if survival is None else f"{survival:.2f}"
         super().__init__(
-            f"merge refused: behaviour survival {shown} is below {report['threshold']:g}; "
-            f"merged into {report['type']} the fine-tune is erased (nothing was added; "
+            f"merge refused: behaviour survival {shown} is below {report['threshold']:g}: "
+            f"the fine-tune does not survive a {report['type']} merge (nothing was added; "
             "--allow-erased keeps it, labelled erased)")
         self.report = report
 
