@@ -45,7 +45,7 @@ def run(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
 
 def store_state() -> tuple[bytes, list[str]]:
     """The catalog's bytes and what the merged store holds (nothing may change)."""
-    root = paths.data_dir() / catalog_merged.STORE
+    root = paths.data_dir() / "models"
     files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) if root.exists() \
         else []
     return paths.catalog_file().read_bytes(), files
@@ -286,10 +286,9 @@ def test_merging_the_demo_into_q8_0_keeps_it_and_is_accepted(
                                   "scale": 1.0, "rank": 8, "alpha": 16.0}]
     assert found["type"] == "q8_0" and found["erased"] is False
     assert found["profile"]["system_prompt"] == demo.SYSTEM_PROMPT
-    assert Path(record["path"]) == paths.data_dir() / "merged" / "tool-calls-q8" / \
-        "tool-calls-q8.gguf"
+    assert Path(record["path"]) == paths.model_store("tool-calls-q8") / "tool-calls-q8.gguf"
     assert record["metadata"]["file_type"] == "Q8_0"
-    assert not list((paths.data_dir() / "merged").glob(".merge-*"))  # no staging left
+    assert not list(catalog_merged.store_root().glob(".merge-*"))  # no staging left
 
     code, out, _ = run(capsys, "show", "tool-calls-q8", "--json")
     shown = json.loads(out)
@@ -364,6 +363,10 @@ def test_a_merge_that_erases_the_fine_tune_is_refused_then_kept_labelled_erased(
     code, out, _ = run(capsys, "doctor")
     line = next(x for x in out.splitlines() if "model tool-calls-q41" in x)
     assert line.lstrip().startswith("!") and "ERASED" in line
+    # A merged model lives in the model store: removing it removes its file.
+    assert run(capsys, "remove", "tool-calls-q41")[0] == 0
+    assert not paths.model_store("tool-calls-q41").exists()
+    assert store_state() == before
 
 
 @pytest.mark.slow

@@ -2,8 +2,9 @@
 record that says it is a merge and not a dynamic variant.
 
 A merge folds a variant's adapters into a standalone GGUF (`engine.runtime.merge_job`
-runs it). Its file is written into a staging folder of `<data>/merged/` and, once
-accepted, renamed to `<data>/merged/NAME/NAME.gguf` and added as a base model whose
+runs it). Its file is written into a staging folder of `<data>/models/` and, once
+accepted, renamed to the model store, `<data>/models/NAME/NAME.gguf` (where downloaded
+models live too, so `remove` deletes it with the record), and added as a base model whose
 record carries `merged_from`: the variant, its base (name, sha256), each adapter
 (name, sha256, scale, rank, alpha), the output type, the variant's profile (its system
 prompt is part of its behaviour, and no plain base knows it), the survival figures and
@@ -28,7 +29,6 @@ from engine.formats import artifacts
 from engine.formats.safeio import printable
 from engine.state import paths
 
-STORE = "merged"
 FORMAT = "variant-studio-merge/1"
 
 
@@ -59,15 +59,16 @@ class MergeSource:
         return str(self.profile.get("system_prompt") or "")
 
 
-def store_root(create: bool = True) -> Path:
-    root = paths.data_dir(create) / STORE
-    if create:
-        root.mkdir(parents=True, exist_ok=True)
+def store_root() -> Path:
+    """The model store (`<data>/models/`, the parent of every `paths.model_store`),
+    created if missing."""
+    root = paths.model_store("x").parent
+    root.mkdir(parents=True, exist_ok=True)
     return root
 
 
 def model_folder(name: str) -> Path:
-    return store_root() / paths.check_name(name, "model name")
+    return paths.model_store(name)
 
 
 def source(catalog: Catalog, name: str) -> MergeSource:
@@ -103,15 +104,14 @@ def source(catalog: Catalog, name: str) -> MergeSource:
 
 
 def check_target(catalog: Catalog, name: str) -> None:
-    """The merged model's name must be valid and free; a folder left under that name
-    without a record (an interrupted removal) is removed."""
+    """The merged model's name must be valid and free, and its store folder must not
+    exist (a folder without a record is someone's: it is named, never removed)."""
     paths.check_name(name, "model name")
     catalog.check_free(name)
     folder = model_folder(name)
     if folder.exists() or folder.is_symlink():
-        if folder.is_symlink() or not folder.is_dir():
-            raise RefusedError(f"{printable(str(folder))} exists and is not a merge folder")
-        shutil.rmtree(folder)
+        raise RefusedError(f"{printable(str(folder))} already exists without a catalog "
+                           "record; remove it or choose another name")
 
 
 def staging_dir() -> Path:
@@ -162,7 +162,7 @@ def merged_from(src: MergeSource, report: dict[str, Any], erased: bool) -> dict[
 
 def add_merged(catalog: Catalog, name: str, staging: Path, file: Path,
                record_from: dict[str, Any]) -> dict[str, Any]:
-    """Rename the staged merge to `<data>/merged/NAME/` and add it as a base model; on
+    """Rename the staged merge to `<data>/models/NAME/` and add it as a base model; on
     any failure the folder goes and nothing is recorded."""
     folder = model_folder(name)
     final = folder / Path(file).name

@@ -97,7 +97,7 @@ def _merge_parser(sub: Any) -> None:
                        "variant over a GGUF base)")
     merge.add_argument("--out", required=True, metavar="NAME",
                        help="name of the new base model (must be free); its file goes to "
-                            "<data>/merged/NAME/NAME.gguf")
+                            "<data>/models/NAME/NAME.gguf")
     merge.add_argument("--type", required=True, type=str.lower, choices=list(MERGE_TYPES),
                        metavar="TYPE",
                        help="the output's type: " + ", ".join(MERGE_TYPES) + " (base: the "

@@ -6,7 +6,7 @@
    name checked (`check_target`), the type checked (`formats.merge.check_type`);
    nothing is written before all three pass;
 2. in a merge worker process (`runtime.merge_work`): the merge is written into a
-   staging folder of `<data>/merged/` and quantized by llama.cpp, and its adapted
+   staging folder of `<data>/models/` and quantized by llama.cpp, and its adapted
    tensors are compared with the base on the same grid (the weight figures);
 3. in the same worker: the merged file, served as a plain base from a temporary spec,
    the dynamic variant and its base, on the same token ids of an evaluation set:
