@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QColor, QKeySequence, QPalette, QShortcut, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -74,6 +74,7 @@ BLOCK_SYNTAX = re.compile(r"(?:[ \t]*(?:#{1,6}[ \t]|>[ \t]?|[-*+][ \t]|\d+[.)][ 
 # measured for the shipped demo variant (tool-calls, scale 1.0) on six requests of its
 # task (five typed ones and the first held-out one): 0.86 to 2.08 nats/token.
 DEMO_EFFECT = "about 0.9–2.1"
+PLOT_INTERVAL_MS = 250  # between redraws of the plot while both sides stream
 FINISH = {"eos": "ended (end of text)", "stop": "ended at a stop string",
           "length": "cut at max tokens", "context": "cut: the context is full"}
 
@@ -169,6 +170,17 @@ class CompareView(QWidget):
         self.reply: Reply | None = None  # the run in progress
         self.result: dict[str, Any] | None = None
         self.params: dict[str, Any] | None = None
+        # Each side's first token, seconds after the run was asked for: both sides are
+        # timed the same way, by this view's clock from the same start.
+        self.first_token_seconds: dict[str, float] = {}
+        self._started = 0.0
+        # While streaming the plot is redrawn a few times a second, not at every batch
+        # of either side (each redraw costs milliseconds the engine needs on a small
+        # machine); the finished run draws the final figures.
+        self._plot_timer = QTimer(self)
+        self._plot_timer.setSingleShot(True)
+        self._plot_timer.setInterval(PLOT_INTERVAL_MS)
+        self._plot_timer.timeout.connect(self._plot_stream)
 
         self.variant = QComboBox()
         self.variant.setToolTip("Switch the variant to compare against its base")
@@ -388,6 +400,8 @@ class CompareView(QWidget):
         self.result = None
         self.plot.set_data([], [], None)
         self.summary.setText("running both sides…")
+        self.first_token_seconds = {}
+        self._started = time.perf_counter()
         reply = self.client.submit(Compare(spec, Prompt(text=prompt, chat=chat), sampling))
         reply.tokens.connect(self._on_tokens)
         reply.finished.connect(self._on_finished)
@@ -411,6 +425,7 @@ class CompareView(QWidget):
                              (reply.cancelled, self._on_cancelled)):
             signal.disconnect(slot)
         self.reply = None
+        self._plot_timer.stop()
         return reply
 
     def _side(self, name: str) -> _Side | None:
@@ -426,11 +441,18 @@ class CompareView(QWidget):
         target = self._side(side)
         if target is None:
             return
+        self.first_token_seconds.setdefault(side, time.perf_counter() - self._started)
         target.tokens.extend(tokens)
         target.text += text
         target.render()
-        self.plot.set_data([t[1] for t in self.base_side.tokens],
-                           [t[1] for t in self.variant_side.tokens], None, self._token_texts())
+        if not self._plot_timer.isActive():
+            self._plot_timer.start()
+
+    def _plot_stream(self) -> None:
+        if self.reply is not None:
+            self.plot.set_data([t[1] for t in self.base_side.tokens],
+                               [t[1] for t in self.variant_side.tokens], None,
+                               self._token_texts())
 
     @Slot(object)
     def _on_finished(self, result: Any) -> None:
@@ -449,12 +471,15 @@ class CompareView(QWidget):
             side.render(div)
         base, variant = result["base"], result["variant"]
         limit = (self.params or {}).get("sampling", {}).get("max_tokens")
-        self.base_side.title.setText(self.base_side.title.text() +
-                                     f" · {base['tokens_per_second']:.1f} tok/s · "
-                                     f"{finish_text(base, limit)}")
-        self.variant_side.title.setText(self.variant_side.title.text() +
-                                        f" · {variant['tokens_per_second']:.1f} tok/s · "
-                                        f"{finish_text(variant, limit)}")
+        # Both sides' figures are measured the same way: the engine's decode rate of
+        # that side, and this view's clock to that side's first token.
+        for side, figures in ((self.base_side, base), (self.variant_side, variant)):
+            first = self.first_token_seconds.get("base" if side is self.base_side
+                                                 else "variant")
+            side.title.setText(side.title.text() +
+                               f" · {figures['tokens_per_second']:.1f} tok/s · "
+                               + (f"first token {first:.2f} s · " if first is not None
+                                  else "") + finish_text(figures, limit))
         # The final figures: the engine's log-probabilities, whole.
         self.plot.set_data(base["logprobs"], variant["logprobs"], div, self._token_texts())
         self.summary.setText(summary_text(result))

@@ -5,9 +5,13 @@ thread) into Qt objects on the GUI thread. `submit` returns a `Reply` per reques
 the way `QNetworkAccessManager` returns a `QNetworkReply`: the view that asked
 connects to that reply's own signals and hears nothing of other requests. Token
 events are buffered and delivered at most every `FLUSH_MS` milliseconds, so a fast
-model cannot flood the event loop; a reply that was stopped delivers nothing but its
-`cancelled` signal. A reply can also be awaited (with qasync's event loop), which reads
-better than chained callbacks for one-shot work. When the engine process dies,
+model cannot flood the event loop — except each side's first token, delivered at once
+(the time to first token a person sees is the engine's, not the engine's plus a timer);
+a reply that was stopped delivers nothing but its `cancelled` signal. The client's
+`generating` signal says a request's first token arrived: its model is resident then,
+and the status bar asks the engine to describe itself. A reply can also be awaited
+(with qasync's event loop), which reads better than chained callbacks for one-shot
+work. When the engine process dies,
 `stateChanged("crashed", reason)` fires and the next request starts a fresh engine.
 Each engine process gets its environment from the settings as they are when it starts
 (`engine_environment`), so a restart applies a changed thread count.
@@ -71,6 +75,7 @@ class Reply(QObject):
         self.error: StudioError | None = None
         self._stopped = False
         self._buffers: dict[str, tuple[list[str], list]] = {}
+        self._sides: set[str] = set()  # sides whose first token was delivered
 
     @property
     def id(self) -> str:
@@ -120,6 +125,13 @@ class Reply(QObject):
             texts, toks = self._buffers.setdefault(event.side, ([], []))
             texts.append(event.text)
             toks.append([event.token_id, event.logprob, event.text])
+            if event.side not in self._sides:
+                first = not self._sides
+                self._sides.add(event.side)
+                self.flush()  # the first token of a side is shown at once
+                if first:
+                    self.client.generating.emit(self.op)
+                return
             self.client._schedule_flush()
             return
         if isinstance(event, m.Progress):
@@ -156,6 +168,7 @@ class QtEngineClient(QObject):
     stateChanged = Signal(str, str)
     described = Signal(dict)
     requestFailed = Signal(str, str)  # op, message (any request's failure, for a status line)
+    generating = Signal(str)  # op: a request's first token arrived (its model is resident)
     _raw = Signal(object, object)  # reply, event: from the reader thread to the GUI thread
     _state = Signal(str, str)
 

@@ -183,6 +183,9 @@ class MainWindow(QMainWindow):
         self.detail.defaultRequested.connect(self.set_default)
         self.detail.lineageRequested.connect(self.show_lineage)
         self.chat.answered.connect(self.client.describe)
+        # From the first token on, the status bar names the resident model (the engine
+        # answers a describe between two tokens), not only once the answer has ended.
+        self.client.generating.connect(lambda _op: self.client.describe())
         self.compare.busyChanged.connect(lambda busy: None if busy else self.client.describe())
         self.events.catalogChanged.connect(self._catalog_changed)
         self.library_check.status.connect(self._show_check)
