@@ -13,6 +13,7 @@ from engine.catalog.store import Catalog
 from tests.engine_helpers import BASE, populate
 
 
+@pytest.mark.slow
 def test_generate_compare_and_status_json(studio_home: Path, tmp_path: Path, base_info,
                                           capsys: pytest.CaptureFixture) -> None:
     populate(Catalog(), tmp_path, base_info)

@@ -9,7 +9,10 @@ claims 2^64 items must not make us allocate for them.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable
@@ -22,7 +25,6 @@ from engine.catalog import digest
 from engine.errors import InspectionError, StudioError
 from engine.formats import artifacts, safeio
 from engine.formats.artifacts import BaseModelInfo
-from engine.formats.templates import Message, TemplateError, render
 from tests import factories as f
 from tests.hostile_cases import (
     CASES,
@@ -42,6 +44,7 @@ from tests.hostile_cases import (
 )
 
 MiB = 1 << 20
+ROOT = Path(__file__).resolve().parent.parent
 FILE_SURFACES = ("adapter", "peft", "model")
 
 
@@ -220,13 +223,34 @@ def test_a_file_that_grows_while_hashed_is_hashed_to_a_bound(tmp_path: Path) -> 
 def test_template_rendering_is_bounded_in_time_and_memory(template: str, reason: str) -> None:
     """Output is capped at 4 Mi chars, rendering at 2 s and its extra address space at
     256 MiB: doubling a string 40 times (a terabyte) or padding one to 10^10 chars in a
-    single C call fails with MemoryError, reported as a TemplateError."""
-    messages = [Message("user", "Hello")]
-    elapsed, peak, error = measure(lambda: render(template, messages))
-    assert isinstance(error, TemplateError), error
-    assert reason in error.message
+    single C call fails with MemoryError, reported as a TemplateError.
+
+    Each case renders in a process of its own: the cap counts new address space, and
+    memory that earlier tests freed but the allocator kept mapped (glibc keeps freed
+    blocks of up to 32 MiB in its heap) would be reused without counting."""
+    elapsed, peak, error_type, message = render_in_fresh_process(template)
+    assert error_type == "TemplateError", (error_type, message)
+    assert reason in message
     assert elapsed < 5.0
     assert peak < 256 * MiB, f"{peak / MiB:.0f} MiB"
+
+
+RENDER = """
+import json, sys
+from engine.formats.templates import Message, TemplateError, render
+from tests.test_hostile_bounds import measure
+elapsed, peak, error = measure(lambda: render(sys.argv[1], [Message("user", "Hello")]))
+print(json.dumps([elapsed, peak, type(error).__name__ if isinstance(error, TemplateError)
+                  else repr(error), getattr(error, "message", "")]))
+"""
+
+
+def render_in_fresh_process(template: str) -> tuple[float, int, str, str]:
+    """`measure` of rendering `template`, in a new Python process."""
+    done = subprocess.run([sys.executable, "-c", RENDER, template], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=True)
+    elapsed, peak, error_type, message = json.loads(done.stdout.strip().splitlines()[-1])
+    return elapsed, peak, error_type, message
 
 
 def test_a_panic_in_the_safetensors_library_is_a_refusal(

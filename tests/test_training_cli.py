@@ -191,6 +191,7 @@ def test_cli_init_adapter_continues_the_adapter_and_names_it(
     assert 0 < moved <= 1e-3 * 1.001
 
 
+@pytest.mark.slow
 def test_cli_dpo_records_the_method_and_beta(home: Path, tmp_path: Path) -> None:
     prefs = tmp_path / "prefs.jsonl"
     prefs.write_text("".join(json.dumps({
@@ -209,6 +210,7 @@ def test_cli_dpo_records_the_method_and_beta(home: Path, tmp_path: Path) -> None
     assert abs(record["loss"]["first"] - math.log(2)) < 1e-3
 
 
+@pytest.mark.slow
 def test_a_negative_weight_lowers_its_example_likelihood_and_a_positive_raises_it(
         home: Path, tmp_path: Path, embedded_path: Path, base_info) -> None:
     from engine.training import data as data_mod
