@@ -75,6 +75,7 @@ BLOCK_SYNTAX = re.compile(r"(?:[ \t]*(?:#{1,6}[ \t]|>[ \t]?|[-*+][ \t]|\d+[.)][ 
 # task (five typed ones and the first held-out one): 0.86 to 2.08 nats/token.
 DEMO_EFFECT = "about 0.9–2.1"
 PLOT_INTERVAL_MS = 250  # between redraws of the plot while both sides stream
+TEXT_INTERVAL_MS = 100  # between renders of a side's text while it streams
 FINISH = {"eos": "ended (end of text)", "stop": "ended at a stop string",
           "length": "cut at max tokens", "context": "cut: the context is full"}
 
@@ -181,6 +182,13 @@ class CompareView(QWidget):
         self._plot_timer.setSingleShot(True)
         self._plot_timer.setInterval(PLOT_INTERVAL_MS)
         self._plot_timer.timeout.connect(self._plot_stream)
+        # Likewise each side's text (rendered Markdown, whole, each time): its first
+        # token at once, then at most ten times a second.
+        self._dirty: set[str] = set()
+        self._text_timer = QTimer(self)
+        self._text_timer.setSingleShot(True)
+        self._text_timer.setInterval(TEXT_INTERVAL_MS)
+        self._text_timer.timeout.connect(self._render_dirty)
 
         self.variant = QComboBox()
         self.variant.setToolTip("Switch the variant to compare against its base")
@@ -401,6 +409,7 @@ class CompareView(QWidget):
         self.plot.set_data([], [], None)
         self.summary.setText("running both sides…")
         self.first_token_seconds = {}
+        self._dirty.clear()
         self._started = time.perf_counter()
         reply = self.client.submit(Compare(spec, Prompt(text=prompt, chat=chat), sampling))
         reply.tokens.connect(self._on_tokens)
@@ -426,6 +435,7 @@ class CompareView(QWidget):
             signal.disconnect(slot)
         self.reply = None
         self._plot_timer.stop()
+        self._render_dirty()  # what arrived last is shown (a stop keeps the texts)
         return reply
 
     def _side(self, name: str) -> _Side | None:
@@ -441,12 +451,26 @@ class CompareView(QWidget):
         target = self._side(side)
         if target is None:
             return
+        first = side not in self.first_token_seconds
         self.first_token_seconds.setdefault(side, time.perf_counter() - self._started)
         target.tokens.extend(tokens)
         target.text += text
-        target.render()
+        if first:
+            target.render()
+        else:
+            self._dirty.add(side)
+            if not self._text_timer.isActive():
+                self._text_timer.start()
         if not self._plot_timer.isActive():
             self._plot_timer.start()
+
+    def _render_dirty(self) -> None:
+        self._text_timer.stop()
+        for side in sorted(self._dirty):
+            target = self._side(side)
+            if target is not None:
+                target.render()
+        self._dirty.clear()
 
     def _plot_stream(self) -> None:
         if self.reply is not None:
@@ -456,6 +480,7 @@ class CompareView(QWidget):
 
     @Slot(object)
     def _on_finished(self, result: Any) -> None:
+        self._dirty.clear()  # show_result renders both sides, marked
         self._drop_reply()
         self.show_result(result)
         self.busyChanged.emit(False)

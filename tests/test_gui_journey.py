@@ -1,4 +1,11 @@
-"""Issue 5's "done when", end to end, the way a user does it: no CLI, only the window.
+"""End-to-end journeys the way a user takes them: no CLI, only the window.
+
+Issue 5's "done when" (below, first) and issue 14's (last): add a base model and
+download an adapter in the window, chat with a variant using a per-chat system prompt,
+edit a message, regenerate and step between versions, export the chat, compare the
+variant with its base, and find everything again after a restart.
+
+Issue 5's:
 
 Import a GGUF adapter for the embedded base through the wizard (typed path, chosen
 base, acknowledged warnings, name, source, default scale, a variant), make the
@@ -10,20 +17,25 @@ engine process; every wait is on a signal or a condition.
 
 from __future__ import annotations
 
+import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QUrl
 
 from engine.catalog import resolve
 from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.runtime.messages import Generate
 from engine.state import conversations
 from gui.composer import ComposerDialog
+from gui.download_dialog import DownloadDialog
 from gui.library import BadgesRole
 from gui.main_window import MainWindow
 from gui.wizard import ImportDialog
 from tests import factories as f
+from tests.download_server import COMMIT, FileServer, serving
 from tests.gui_helpers import LONG
 
 SOURCE = "https://example.org/loras/poet.gguf"
@@ -163,4 +175,134 @@ def test_import_chat_compare_inspect_and_come_back(studio_home: Path, tmp_path: 
     assert kept.messages[1].identity == identity.key
     assert answer.content.strip()[:20] in again.chat.transcript.toPlainText()
     assert conversations.load(conversation_id).messages[1].content == answer.content
+    again.close()
+
+
+@pytest.mark.slow
+def test_add_a_base_download_an_adapter_chat_edit_regenerate_export_compare_come_back(
+        studio_home: Path, tmp_path: Path, base_info, embedded_path: Path, qtbot,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 14's "done when", second bullet."""
+    lora = f.write_gguf_lora(tmp_path / "poet.gguf", base_info, seed=3, strength=0.1)
+    base_file = tmp_path / "my-base.gguf"
+    shutil.copyfile(embedded_path, base_file)
+    hub = FileServer(repos={"poets/sea-poet": {"poet.gguf": lora.read_bytes()}})
+    win = MainWindow()
+    qtbot.addWidget(win)
+    win.show()
+    sent: list = []
+    submit = win.client.submit
+
+    def recording(request):  # noqa: ANN001, ANN202
+        if type(request) is Generate:  # the chat's requests
+            sent.append(request)
+        return submit(request)
+
+    win.client.submit = recording
+
+    # ---- File → Add base model…: the file chosen, hashed in the background
+    monkeypatch.setattr("gui.main_window.QFileDialog.getOpenFileName",
+                        lambda *_a, **_k: (str(base_file), ""))
+    with qtbot.waitSignal(win.events.catalogChanged, timeout=LONG):
+        win.act_model.trigger()
+    assert win.library.current() == ("model", "my-base")
+
+    # ---- File → Download model or adapter…: from a (local) Hugging Face hub, for it
+    with serving(hub):
+        monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+        win.act_download.trigger()
+        (dialog,) = visible(win, DownloadDialog)
+        assert dialog.base.currentText() == "my-base"  # the model on show
+        qtbot.keyClicks(dialog.where, "poets/sea-poet")
+        qtbot.keyClicks(dialog.filename, "poet.gguf")
+        qtbot.keyClicks(dialog.revision, "main")
+        qtbot.keyClicks(dialog.sha256, hashlib.sha256(lora.read_bytes()).hexdigest())
+        assert dialog.name.text() == "poet"
+        retype(qtbot, dialog.variant_name, "sea-poet")
+        with qtbot.waitSignal(dialog.downloaded, timeout=LONG):
+            dialog.download_button.click()
+    adapter = Catalog().adapter("poet")
+    assert adapter["base"] == "my-base" and adapter["download"]["commit"] == COMMIT
+    assert win.library.current() == ("variant", "sea-poet")
+    identity = resolve.identity(Catalog(), "sea-poet")
+
+    # ---- chat with the variant, with this chat's own system prompt
+    win.detail.buttons["chat"].click()
+    chat = win.chat
+    assert chat.model_name == "sea-poet"
+    chat.settings_toggle.click()
+    chat.system_prompt.setPlainText("You are a poet of the sea. Answer briefly.")
+    chat.chat_temperature.setValue(0.9)  # sampled: a regenerate gives another answer
+    chat.chat_max_tokens.setValue(12)
+    qtbot.keyClicks(chat.input, "Say hello.")
+    with qtbot.waitSignal(chat.answered, timeout=LONG):
+        qtbot.keyClick(chat.input, Qt.Key.Key_Return)
+    assert sent[-1].prompt.system == "You are a poet of the sea. Answer briefly."
+    assert sent[-1].spec.identity.key == identity.key
+
+    # ---- edit the message and send it again: a branch, the old path kept
+    chat.transcript.anchorClicked.emit(QUrl("edit:0"))
+    assert chat.input.toPlainText() == "Say hello."
+    retype(qtbot, chat.input, "Say hello to the sea.")
+    with qtbot.waitSignal(chat.answered, timeout=LONG):
+        qtbot.keyClick(chat.input, Qt.Key.Key_Return)
+    first, answer = chat.conversation.messages
+    assert first.content == "Say hello to the sea." and (first.version, first.versions()) \
+        == (1, 2)
+
+    # ---- regenerate: a second version of the answer; step back and forth
+    with qtbot.waitSignal(chat.answered, timeout=LONG):
+        chat.transcript.anchorClicked.emit(QUrl("regenerate:"))
+    regenerated = chat.conversation.messages[1]
+    assert (regenerated.version, regenerated.versions()) == (1, 2)
+    assert sent[-1].sampling.seed != sent[-2].sampling.seed
+    assert "‹ 2/2 ›" in chat.transcript.toPlainText()
+    chat.transcript.anchorClicked.emit(QUrl("prev:1"))
+    assert chat.conversation.messages[1].content == answer.content
+    assert "‹ 1/2 ›" in chat.transcript.toPlainText()
+    chat.transcript.anchorClicked.emit(QUrl("next:1"))
+    assert chat.conversation.messages[1].content == regenerated.content
+
+    # ---- export the chat (Export… → Markdown)
+    exported = tmp_path / "sea.md"
+    monkeypatch.setattr("gui.chat.QFileDialog.getSaveFileName",
+                        lambda *_a, **_k: (str(exported), "Markdown (*.md)"))
+    chat.export_button.click()
+    markdown = exported.read_text(encoding="utf-8")
+    assert "- system prompt: You are a poet of the sea. Answer briefly." in markdown
+    assert "Say hello to the sea." in markdown and regenerated.content.strip() in markdown
+    conversation_id = chat.conversation.id
+
+    # ---- compare the variant with its base (Ctrl+K)
+    win.act_compare.trigger()
+    view = win.compare
+    assert view.variant.currentText() == "sea-poet"
+    view.prompt.setPlainText("Write a short poem about the sea.")
+    view.max_tokens.setValue(12)
+    with qtbot.waitSignal(view.busyChanged, timeout=LONG,
+                          check_params_cb=lambda busy: not busy):
+        view.run_button.click()
+    result = view.result
+    assert result is not None and result["variant"]["identity"] == identity.key
+    assert result["adapter_effect"] > 0 and view.base_side.text == result["base"]["text"]
+    win.close()
+
+    # ---- a new window on the same data directory: everything is there
+    again = MainWindow()
+    qtbot.addWidget(again)
+    again.show()
+    names = again.library.model
+    assert "my-base" in names.names("model") and "poet" in names.names("adapter")
+    assert "sea-poet" in names.names("variant")
+    again.library.select("poet")
+    page = again.detail.browser.toPlainText()
+    assert "Hugging Face poets/sea-poet" in page and COMMIT in page
+    again.open_chat("sea-poet")
+    kept = conversations.load(conversation_id)
+    again.chat.open_conversation(kept)
+    assert again.chat.system_prompt.toPlainText() == \
+        "You are a poet of the sea. Answer briefly."
+    assert kept.messages[0].versions() == 2 and kept.messages[1].versions() == 2
+    assert kept.messages[1].content == regenerated.content
+    assert "‹ 2/2 ›" in again.chat.transcript.toPlainText()
     again.close()
