@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from engine.errors import Cancelled
+from engine.errors import Cancelled, RefusedError
 from engine.formats.safeio import FileStat, open_regular, stat_regular
 from engine.state import paths
 from engine.state.statefile import StateFile
@@ -70,6 +70,15 @@ def sha256_file(
     if not _read_only.get():
         _cache().update(remember)
     return digest
+
+
+def require_unchanged(name: str, path: Path, sha256: str,
+                      cancelled: CancelCheck | None = None) -> None:
+    """Refuse an adapter whose stored file no longer has the digest recorded for it."""
+    current = sha256_file(Path(path), None, cancelled)
+    if current != sha256:
+        raise RefusedError(f"adapter {name}: its stored file changed (sha256 "
+                           f"{current[:16]}…, recorded {sha256[:16]}…)")
 
 
 @contextlib.contextmanager

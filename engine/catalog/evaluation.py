@@ -22,6 +22,7 @@ changes nothing (the copy is removed, an earlier set stays).
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Callable
@@ -244,3 +245,19 @@ def score_line(name: str, backend: str, score: dict[str, Any]) -> str:
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
+
+
+def first_json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object anywhere in an answer (code fences and chatter allowed):
+    the lenient half of exact match, for the demo's score and the merge's check."""
+    decoder = json.JSONDecoder()
+    for start, char in enumerate(text):
+        if char == "{":
+            try:
+                found = decoder.raw_decode(text[start:])[0]
+            except ValueError:
+                continue
+            if isinstance(found, dict):
+                return found
+    return None
+

@@ -88,10 +88,7 @@ def source(catalog: Catalog, name: str) -> MergeSource:
         raise RefusedError(f"base {spec.base_name}: {status.detail}")
     parts = []
     for adapter in spec.adapters:
-        current = digest.sha256_file(Path(adapter.path))
-        if current != adapter.sha256:
-            raise RefusedError(f"adapter {adapter.name}: its stored file changed (sha256 "
-                               f"{current[:16]}…, recorded {adapter.sha256[:16]}…)")
+        digest.require_unchanged(adapter.name, Path(adapter.path), adapter.sha256)
         info = catalog.adapter_info({"name": adapter.name, "path": adapter.path,
                                      "sha256": adapter.sha256})
         if info.format != "gguf":

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
+from engine.catalog import evaluation
 from engine.catalog import merged as catalog_merged
 from engine.catalog.store import Catalog, now_iso
 from engine.errors import RefusedError
@@ -92,17 +93,6 @@ def _json(text: str) -> Any:
 _NOT_JSON = object()
 
 
-def _first_object(text: str) -> Any:
-    decoder = json.JSONDecoder()
-    for start, char in enumerate(text):
-        if char == "{":
-            try:
-                return decoder.raw_decode(text[start:])[0]
-            except ValueError:
-                continue
-    return _NOT_JSON
-
-
 def exact_match(text: str, expected: str) -> tuple[bool, bool]:
     """(strict, lenient): strict is the whole answer equal to the expected one (as JSON
     when the expected answer is JSON, else as text); lenient is the first JSON object
@@ -111,7 +101,8 @@ def exact_match(text: str, expected: str) -> tuple[bool, bool]:
     want = _json(expected)
     if want is _NOT_JSON:
         return text.strip() == expected.strip(), expected.strip() in text
-    return _json(text) == want, _first_object(text) == want
+    found = evaluation.first_json_object(text)
+    return _json(text) == want, found is not None and found == want
 
 
 def score(texts: Sequence[str], answers: Sequence[str]) -> dict[str, Any]:

@@ -214,8 +214,7 @@ def run_merge(request: MergeRequest, progress: ProgressFn, cancelled: CancelChec
     parts = []
     for adapter in request.adapters:
         path = Path(adapter.path)
-        if digest.sha256_file(path, None, cancelled) != adapter.sha256:
-            raise RefusedError(f"adapter {adapter.name}: its stored file changed on disk")
+        digest.require_unchanged(adapter.name, path, adapter.sha256, cancelled)
         info = artifacts.inspect_path(path)
         if not isinstance(info, artifacts.AdapterInfo) or info.format != "gguf":
             raise RefusedError(f"adapter {adapter.name}: not a GGUF LoRA")

@@ -16,6 +16,7 @@ import json
 import random
 from typing import Any
 
+from engine.catalog import evaluation
 from engine.curated.demo import (  # noqa: F401  (the demo's names, re-used here)
     ADAPTER_NAME,
     DEMO_PROFILE,
@@ -156,18 +157,6 @@ def parse_strict(text: str) -> Any:
         return None
 
 
-def parse_lenient(text: str) -> Any:
-    """The first JSON object anywhere in the answer (code fences and chatter allowed)."""
-    decoder = json.JSONDecoder()
-    for start, char in enumerate(text):
-        if char == "{":
-            try:
-                return decoder.raw_decode(text[start:])[0]
-            except ValueError:
-                continue
-    return None
-
-
 def score(outputs: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Exact-match accuracy: strict (the answer is exactly the call as JSON) and
     lenient (the first JSON object in the answer equals the call)."""
@@ -176,7 +165,7 @@ def score(outputs: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
     for text, row in zip(outputs, rows, strict=True):
         expected = expected_call(row)
         ok_strict = parse_strict(text) == expected
-        ok_lenient = parse_lenient(text) == expected
+        ok_lenient = evaluation.first_json_object(text) == expected
         strict += ok_strict
         lenient += ok_lenient
         counts = per_tool.setdefault(expected["tool"], [0, 0])

@@ -86,10 +86,7 @@ def make_plan(catalog: Catalog, name: str) -> Plan:
     meta = base.get("metadata", {})
     parts = []
     for adapter in spec.adapters:
-        current = digest.sha256_file(Path(adapter.path))
-        if current != adapter.sha256:
-            raise RefusedError(f"adapter {adapter.name}: its stored file changed (sha256 "
-                               f"{current[:16]}…, recorded {adapter.sha256[:16]}…)")
+        digest.require_unchanged(adapter.name, Path(adapter.path), adapter.sha256)
         info = artifacts.inspect_path(Path(adapter.path))
         if not isinstance(info, artifacts.AdapterInfo) or info.format != "gguf":
             raise RefusedError(f"adapter {adapter.name}: its llama.cpp file is not a GGUF LoRA")

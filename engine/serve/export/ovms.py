@@ -149,24 +149,13 @@ def _stages(progress: Progress | None) -> Callable[[str, float], None] | None:
 def _build(gguf: Path, progress: Callable[[str, float], None] | None) -> dict[str, Any]:
     """The structurally named IR of `gguf`, built by the engine process."""
     from engine.runtime import messages
-    from engine.runtime.client import EngineClient
-
-    client = EngineClient()
+    from engine.runtime.client import run_once
 
     def on_event(event: messages.Event) -> None:
         if progress is not None and isinstance(event, messages.Progress):
             progress(f"building the OpenVINO IR: {event.stage}", event.fraction)
 
-    try:
-        handle = client.submit(messages.BuildOpenVino(str(gguf)), on_event)
-        try:
-            return handle.wait()
-        except KeyboardInterrupt:
-            client.cancel(handle)
-            handle.done.wait(30)
-            raise
-    finally:
-        client.close()
+    return run_once(messages.BuildOpenVino(str(gguf)), on_event)
 
 
 def graph_pbtxt() -> str:
