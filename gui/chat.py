@@ -207,6 +207,7 @@ class ChatView(QWidget):
         self.client = client
         self.catalog = catalog
         self.model_name: str | None = None
+        self._listed: list[Conversation] | None = None  # the conversations read last
         self.conversation: Conversation | None = None
         self.reply: Reply | None = None  # the answer being generated
         self._stream_text = ""
@@ -237,7 +238,8 @@ class ChatView(QWidget):
         self.search.setPlaceholderText("Search chats…")
         self.search.setClearButtonEnabled(True)
         self.search.setAccessibleName("Search conversations")
-        self.search.textChanged.connect(lambda _t: self._reload_list())
+        # A keystroke filters the list read last; it does not read every file again.
+        self.search.textChanged.connect(lambda _t: self._reload_list(refresh=False))
         self.new_button = QPushButton("New chat")
         self.new_button.setToolTip("Start a new conversation (Ctrl+N)")
         self.new_button.clicked.connect(self.new_chat)
@@ -388,7 +390,7 @@ class ChatView(QWidget):
             self._render()
             self._footer()
             return
-        existing = conversations.list_all(name)
+        existing = self._listed
         self.open_conversation(existing[0] if existing else conversations.new(name))
 
     def _catalog_changed(self, kinds: list[str], names: list[str]) -> None:
@@ -405,7 +407,12 @@ class ChatView(QWidget):
             self.backend.set_target(self.catalog, self.model_name)
             self._render_header()
 
-    def _reload_list(self) -> None:
+    def _reload_list(self, refresh: bool = True) -> None:
+        """Fill the list: from the conversation files (`refresh`), else from the ones
+        read last (a search keystroke)."""
+        if refresh or self._listed is None:
+            self._listed = conversations.list_all(self.model_name) \
+                if self.model_name is not None else []
         # Not blockSignals: the list view must hear of the rows; a flag tells the
         # rename and pick handlers that this is a reload, not the user.
         self._listing = True
@@ -421,8 +428,7 @@ class ChatView(QWidget):
         if self.model_name is None:
             return
         query = self.search.text().strip()
-        found = [c for c in conversations.list_all(self.model_name)
-                 if not query or c.matches(query)]
+        found = [c for c in self._listed or () if not query or c.matches(query)]
         for conv in found:
             item = QStandardItem(conv.title)
             item.setData(conv.id, ConversationId)

@@ -290,6 +290,11 @@ class ServerPanel(QWidget):
 
     def _save(self, **extra: Any) -> None:
         s = self.store
+        # The file holds the API key: the owner's alone, from its first byte (Qt writes a
+        # new file and renames it over the old one, keeping the old one's permissions).
+        if not os.path.exists(s.fileName()):
+            os.makedirs(os.path.dirname(s.fileName()), exist_ok=True)
+            os.close(os.open(s.fileName(), os.O_WRONLY | os.O_CREAT, 0o600))
         s.setValue("server/host", self.host_value())
         s.setValue("server/port", self.port.value())
         s.setValue("server/api_key", self.key.text())
@@ -298,7 +303,6 @@ class ServerPanel(QWidget):
         for key, value in extra.items():
             s.setValue(f"server/{key}", "true" if value else "false")
         s.sync()
-        # The file holds the API key: the owner's alone.
         if os.path.exists(s.fileName()):
             os.chmod(s.fileName(), 0o600)
 

@@ -181,6 +181,20 @@ def test_a_base_model_by_url_lives_in_the_store_until_removed(
     assert not (studio_home / "models" / "mine").exists()
 
 
+def test_a_store_folder_without_a_record_is_refused_never_removed(
+        studio_home: Path, embedded_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = studio_home / "models" / "mine"
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("someone's")
+    with serving(FileServer(files={"models/smol.gguf": embedded_path.read_bytes()})) as files:
+        code, _, err = run(capsys, "model", "add", "mine", "--url",
+                           files.url("models/smol.gguf"))
+    assert code != 0 and "already exists without a catalog record" in err
+    assert (folder / "notes.txt").read_text() == "someone's"
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    assert "mine" not in Catalog().data()["models"]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--url", "file:///etc/passwd"], "not an http(s) URL"),
     (["--url", "http://me:secret@example.org/a.gguf"], "user name or password"),

@@ -272,6 +272,12 @@ def test_a_key_is_required_when_set_and_the_queue_is_bounded(
             client.chat.completions.create(model="va", max_tokens=2,
                                            messages=[{"role": "user", "content": "x"}])
         assert raised.value.response.headers["retry-after"] == "1"
+        # A streamed request is refused the same way: a 429 status, not a 200 whose
+        # stream carries the error.
+        with pytest.raises(openai.RateLimitError) as raised:
+            client.chat.completions.create(model="va", max_tokens=2, stream=True,
+                                           messages=[{"role": "user", "content": "x"}])
+        assert raised.value.response.headers["retry-after"] == "1"
         stream.close()
     finally:
         server.stop()

@@ -96,6 +96,7 @@ def test_key_create_is_0600_never_overwrites_and_never_prints_the_key(
     code, out, err = run(capsys, "key", "create", "alice")
     assert code == 2 and "already exists; not overwriting" in err
     assert private.read_text() == secret
+    (studio_home / "keys" / "my key.key").write_text("not ours")  # a stray file is skipped
     code, out, _ = run(capsys, "key", "list", "--json")
     listed = json.loads(out)
     assert [(k["name"], k["mode"], k["trusted"]) for k in listed] == [("alice", "0600", True)]

@@ -505,8 +505,7 @@ def download_model(catalog: Catalog, name: str, source: Source, backend: str | N
                    retries: int = RETRIES) -> dict[str, Any]:
     """Download a GGUF base model into `<data>/models/NAME/` and add it (the same
     inspection and hashing as `add_model`). Refusal, cancel or failure adds nothing."""
-    paths.check_name(name, "model name")
-    catalog.check_free(name)  # before a byte is fetched
+    catalog.check_store_free(name)  # before a byte is fetched
     if backend not in (None, "llama"):
         raise UsageError("a download is one file, a GGUF model for llama.cpp (an OpenVINO "
                          "model is a folder: fetch it yourself and add it with --file)")
@@ -515,9 +514,10 @@ def download_model(catalog: Catalog, name: str, source: Source, backend: str | N
     try:
         (stage or _quiet)("checking")
         verify_sha256(fetched.weights, source.sha256, progress, cancelled, remember=True)
+        # Again: another download (the window's, a command's) may have taken the name
+        # meanwhile; its folder is refused, never removed.
+        catalog.check_store_free(name)
         folder = paths.model_store(name)
-        if folder.exists():  # a leftover of an interrupted download under this free name
-            shutil.rmtree(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".download-", dir=folder.parent))
         stored = folder / fetched.path.name

@@ -3,8 +3,9 @@ record that says it is a merge and not a dynamic variant.
 
 A merge folds a variant's adapters into a standalone GGUF (`engine.runtime.merge_job`
 runs it). Its file is written into a staging folder of `<data>/models/` and, once
-accepted, renamed to the model store, `<data>/models/NAME/NAME.gguf` (where downloaded
-models live too, so `remove` deletes it with the record), and added as a base model whose
+accepted, renamed to the model store, `<data>/models/NAME/NAME.gguf` (downloaded models
+live in `<data>/models/NAME/` too, under their file's own name; `remove` deletes the
+folder with the record), and added as a base model whose
 record carries `merged_from`: the variant, its base (name, sha256), each adapter
 (name, sha256, scale, rank, alpha), the output type, the variant's profile (its system
 prompt is part of its behaviour, and no plain base knows it), the survival figures and
@@ -26,7 +27,6 @@ from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
 from engine.errors import RefusedError, StudioError, UsageError
 from engine.formats import artifacts
-from engine.formats.safeio import printable
 from engine.state import paths
 
 FORMAT = "variant-studio-merge/1"
@@ -101,14 +101,8 @@ def source(catalog: Catalog, name: str) -> MergeSource:
 
 
 def check_target(catalog: Catalog, name: str) -> None:
-    """The merged model's name must be valid and free, and its store folder must not
-    exist (a folder without a record is someone's: it is named, never removed)."""
-    paths.check_name(name, "model name")
-    catalog.check_free(name)
-    folder = model_folder(name)
-    if folder.exists() or folder.is_symlink():
-        raise RefusedError(f"{printable(str(folder))} already exists without a catalog "
-                           "record; remove it or choose another name")
+    """The merged model's name must be valid and free, its store folder absent."""
+    catalog.check_store_free(name)
 
 
 def staging_dir() -> Path:

@@ -310,8 +310,9 @@ def list_keys() -> list[KeyInfo]:
     folder = keys_dir()
     if not folder.is_dir():
         return []
+    # A stray file whose name is not a key name (`my key.key`) is not one of ours.
     return [_key_info(p.stem) for p in sorted(folder.glob("*.key"))
-            if paths.check_name(p.stem, "key name")]
+            if paths.is_valid_name(p.stem)]
 
 
 def export_key(name: str, out: Path) -> KeyInfo:
@@ -890,8 +891,7 @@ def verdict_key(folder: Path, keys: Sequence[TrustedKey], provenance: str | None
     return canonical_sha256(material)
 
 
-def status(catalog: Catalog, name: str, backend: str | None = None,
-           cached_only: bool = False) -> Verdict | None:
+def status(catalog: Catalog, name: str, cached_only: bool = False) -> Verdict | None:
     """The signature status of adapter `name` for display (library, detail, `show`).
 
     Answered from a verdict cache keyed by content (see `verdict_key`), so showing an
@@ -900,12 +900,12 @@ def status(catalog: Catalog, name: str, backend: str | None = None,
     (which reads every signed file) when the cache has no verdict."""
     record = catalog.adapter(name)
     folder = adapter_folder(record)
-    if not (folder / SIGNATURE_FILE).exists() and (backend in (None, record["backend"])):
+    if not (folder / SIGNATURE_FILE).exists():
         return unsigned()
     keys = trusted_keys()
     try:
         key = verdict_key(folder, keys_for(record, keys), provenance_digest(record),
-                          _expected(record), backend)
+                          _expected(record))
     except (RefusedError, InspectionError, OSError):
         key = None
     if key is not None:
@@ -919,10 +919,7 @@ def status(catalog: Catalog, name: str, backend: str | None = None,
                 return verdict
     if cached_only:
         return None
-    if backend is None or backend == record["backend"]:
-        verdict = verify_adapter(catalog, name, keys)
-    else:
-        verdict = verify_backend_file(catalog, name, backend, keys)
+    verdict = verify_adapter(catalog, name, keys)
     if key is not None:
         _memo[key] = verdict
         if not digest.is_read_only():

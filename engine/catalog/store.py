@@ -193,6 +193,17 @@ class Catalog:
             if name in data[kind]:
                 raise UsageError(f"the name {name!r} is already used by a {kind[:-1]}")
 
+    def check_store_free(self, name: str) -> None:
+        """A new model kept in the model store (a download, a merge): its name must be
+        valid and free, and its folder `<data>/models/NAME` must not exist (a folder
+        without a record is someone's: it is named, never removed)."""
+        paths.check_name(name, "model name")
+        self.check_free(name)
+        folder = paths.model_store(name)
+        if folder.exists() or folder.is_symlink():
+            raise RefusedError(f"{printable(str(folder))} already exists without a catalog "
+                               "record; remove it or choose another name")
+
     # ------------------------------------------------------------------ variants
 
     def add_variant(

@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.catalog.digest import CancelCheck, Progress
 from engine.errors import Cancelled, InspectionError, RefusedError
-from engine.formats import gguf_file, naming, safetensors_file
+from engine.formats import gguf_file, lora_io, naming, safetensors_file
 from engine.formats.artifacts import AdapterInfo, BaseModelInfo, LoraPair
 from engine.formats.safeio import printable
 
@@ -102,9 +102,7 @@ def effective_multiplier(info: AdapterInfo, scale: float) -> float:
     llama.cpp applies this itself from the GGUF's adapter.lora.alpha; OpenVINO ignores
     adapter_config.json's alpha, so the OpenVINO backend passes this number.
     """
-    if info.alpha and info.rank:
-        return scale * info.alpha / info.rank
-    return scale
+    return lora_io.multiplier(scale, info.alpha, info.rank)
 
 
 def check_adapter(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -219,7 +220,10 @@ def _serve_parser(sub: Any) -> None:
     serve.add_argument("--port", type=int, default=DEFAULT_PORT,
                        help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
     serve.add_argument("--api-key", dest="api_key",
-                       help="require `Authorization: Bearer KEY` on every request")
+                       default=os.environ.get("VARIANT_STUDIO_API_KEY") or None,
+                       help="require `Authorization: Bearer KEY` on every request (default: "
+                            "$VARIANT_STUDIO_API_KEY, which other users cannot read from "
+                            "the process list)")
     serve.add_argument("--variants", help="serve only these models and variants "
                        "(comma-separated names; default: all)")
     serve.add_argument("--max-sessions", dest="max_sessions", type=int, default=4,

@@ -33,6 +33,12 @@ class LoraWeights:
     base_sha256: str | None = None
 
 
+def multiplier(scale: float, alpha: float | None, rank: int | None) -> float:
+    """What B·A is multiplied by: scale · alpha / rank (alpha or rank absent or 0: just
+    scale), as llama.cpp computes it from a GGUF's adapter.lora.alpha."""
+    return scale * alpha / rank if alpha and rank else scale
+
+
 def permute_rows(weights: np.ndarray, n_head: int) -> np.ndarray:
     """Hugging Face row order -> llama.cpp row order (convert_hf_to_gguf's permute)."""
     rows = weights.shape[0]

@@ -36,7 +36,7 @@ import numpy as np
 from gguf.constants import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
 
 from engine.errors import Cancelled, RefusedError, UsageError
-from engine.formats import gguf_file, naming
+from engine.formats import gguf_file, lora_io, naming
 from engine.formats.lora_io import LoraWeights
 from engine.formats.safeio import open_regular, printable
 
@@ -86,8 +86,7 @@ class MergePart:
     @property
     def factor(self) -> float:
         """What llama.cpp multiplies B·A by: scale · alpha / rank (alpha 0: scale)."""
-        w = self.weights
-        return self.scale * w.alpha / w.rank if w.alpha else self.scale
+        return lora_io.multiplier(self.scale, self.weights.alpha, self.weights.rank)
 
 
 def plan(header: gguf_file.GgufHeader, parts: Sequence[MergePart]
@@ -192,12 +191,12 @@ def write_merged(base: Path, parts: Sequence[MergePart], target: Path, mode: str
             kind, nbytes = Q(info.type_id), info.nbytes
         writer.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=kind)
         out_types[kind.name] = out_types.get(kind.name, 0) + 1
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
     total = sum(i.nbytes for i in header.tensors.values()) or 1
     done = 0
-    try:
+    try:  # from the header on: the writer opens the file with it
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
         for name, info in header.tensors.items():
             _check(cancelled)
             if name in terms:

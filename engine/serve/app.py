@@ -45,7 +45,7 @@ from engine.formats.templates import Message
 from engine.runtime import messages as m
 from engine.serve import schemas
 from engine.serve.bridge import EngineBridge
-from engine.serve.config import ServeConfig
+from engine.serve.config import ServeConfig, is_loopback
 from engine.serve.errors import ApiError, from_studio_error
 from engine.serve.models import ServedModels
 
@@ -140,7 +140,7 @@ class Guard:
 
 def _loopback_host(host: str) -> bool:
     name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
-    return name in ("localhost", "127.0.0.1", "[::1]")
+    return is_loopback(name)  # any 127.0.0.0/8 address the server may be bound to
 
 
 def _too_large(config: ServeConfig) -> ApiError:
@@ -182,7 +182,9 @@ async def status(request: Request) -> Response:
                    "served": state.bridge.served, "queue_limit": config.queue_limit,
                    "max_sessions": config.max_sessions, "max_tokens": config.max_tokens,
                    "api_key": config.api_key is not None,
-                   "exposed": list(config.variants) if config.variants else None},
+                   # As the Server panel's checkboxes set it now (None: every model).
+                   "exposed": None if state.models.exposed is None
+                   else list(state.models.exposed)},
         "engine": engine})
 
 
@@ -242,6 +244,7 @@ async def _serve(request: Request, state: ServerState, spec: SessionSpec, body: 
     reply = Reply(state, request.url.path, spec, chat, body)
     headers = {"x-variant-identity": spec.identity.key}
     if body.stream:
+        state.bridge.check_capacity()  # a full queue is a 429, before the stream's 200
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return EventSourceResponse(reply.chunks(generate, include_usage), headers=headers,
                                    ping=15)

@@ -26,12 +26,21 @@ class EngineBridge:
         self.in_flight = 0
         self.served = 0
 
-    @contextlib.asynccontextmanager
-    async def stream(self, request: m.Request) -> AsyncIterator[AsyncIterator[m.Event]]:
-        """The request's events, ending with its terminal one."""
+    def check_capacity(self) -> None:
+        """Refuse (429 with Retry-After) when `queue_limit` requests are in flight.
+
+        A streamed reply calls it before its response starts, so a full queue is a 429
+        status a client sees, not an error event after a 200 (`stream` checks again: a
+        request admitted here may still find the queue filled meanwhile).
+        """
         if self.in_flight >= self.queue_limit:
             raise ApiError(429, f"the server is busy ({self.in_flight} requests in flight); "
                            "retry shortly", None, "rate_limit_exceeded", {"Retry-After": "1"})
+
+    @contextlib.asynccontextmanager
+    async def stream(self, request: m.Request) -> AsyncIterator[AsyncIterator[m.Event]]:
+        """The request's events, ending with its terminal one."""
+        self.check_capacity()
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[m.Event] = asyncio.Queue()
 
@@ -39,8 +48,10 @@ class EngineBridge:
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
                 loop.call_soon_threadsafe(events.put_nowait, event)
 
-        self.in_flight += 1
+        # Submitted before the slot is taken: a submit that fails (the engine cannot be
+        # started) must not keep a slot for good.
         handle = self.client.submit(request, deliver)
+        self.in_flight += 1
 
         async def iterate() -> AsyncIterator[m.Event]:
             while True:

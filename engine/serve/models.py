@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import calendar
 import time
 from typing import Any
 
@@ -60,6 +61,6 @@ def _epoch(stamp: str | None) -> int:
     if not stamp:
         return 0
     try:
-        return int(time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone)
+        return calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))  # UTC, no DST
     except ValueError:
         return 0

@@ -30,9 +30,13 @@ def data_dir(create: bool = True) -> Path:
     return path
 
 
+def is_valid_name(name: str) -> bool:
+    return isinstance(name, str) and bool(_NAME_RE.match(name)) and ".." not in name
+
+
 def check_name(name: str, what: str = "name") -> str:
     """Validate a catalog name; names become directory names in the store."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+    if not is_valid_name(name):
         raise UsageError(
             f"invalid {what} {name!r}: use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"

@@ -21,7 +21,7 @@ from engine import __version__
 from engine.catalog import digest, resolve
 from engine.catalog.store import Catalog
 from engine.errors import RefusedError, UsageError
-from engine.formats import artifacts, naming
+from engine.formats import artifacts, lora_io, naming
 from engine.state import paths
 
 Progress = Callable[[str], None]
@@ -48,7 +48,7 @@ class AdapterPart:
     @property
     def multiplier(self) -> float:
         """What llama.cpp multiplies B·A by: scale · alpha / rank (alpha 0: scale)."""
-        return self.scale * self.alpha / self.rank if self.alpha else self.scale
+        return lora_io.multiplier(self.scale, self.alpha, self.rank)
 
 
 @dataclass(frozen=True)
