@@ -12,13 +12,14 @@ benchmarks/out/serve.json).
 3. The server's decode speed against the engine client driven directly with the same
    request (aim >= 0.95).
 
-Usage: .venv/bin/python -m benchmarks.bench_serve [--rounds N] [--requests N]
+Usage: .venv/bin/python -m benchmarks.bench_serve [--rounds N] [--requests N] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import statistics
 import tempfile
 import time
@@ -197,8 +198,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=2, help="requests per client")
     parser.add_argument("--conversation", type=int, default=3000, help="tokens before turn N")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="engine threads (1: stable on a shared 2-core machine, where two "
+                             "threads wait on each other whenever another process runs)")
     args = parser.parse_args()
     scratch_home()
+    os.environ["VARIANT_STUDIO_THREADS"] = str(args.threads)
     from engine.catalog import imports
     from engine.catalog.store import AdapterSpec, Catalog
     from engine.curated import embedded, setup

@@ -212,6 +212,10 @@ class LlamaModel:
 # The smallest KV cache a session allocates, in cells. A power of two (so a multiple of
 # llama.cpp's 256-cell KV padding): see LlamaContext.
 MIN_CAPACITY = 512
+# Flash attention off. llama.cpp's default (AUTO) turns it on for the CPU, where one
+# token decoded after 3,000 cached ones took 98 ms with it and 47 ms without (measured
+# side by side, docs/notes.md); llama-cpp-python's `Llama` turns it off too.
+FLASH_ATTN = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
 
 
 def capacity_for(n_tokens: int, n_ctx: int) -> int:
@@ -306,6 +310,7 @@ class LlamaContext:
         params.n_threads = self.n_threads
         params.n_threads_batch = self.n_threads
         params.no_perf = True
+        params.flash_attn_type = FLASH_ATTN
         params.abort_callback = self._abort_cb
         self.ptr = llama_cpp.llama_init_from_model(self.model.ptr, params)
         if not self.ptr:
