@@ -44,7 +44,7 @@ from engine.runtime.backend import (
     load_model,
 )
 from engine.runtime.messages import Prompt
-from engine.runtime.sampler import Sampler, StopMatcher, log_softmax
+from engine.runtime.sampler import Sampler, StopMatcher, log_softmax, token_logprob
 from engine.runtime.signing import SignatureGate
 
 Emit = Callable[..., None]
@@ -96,8 +96,9 @@ class SideState:
 
 
 def resident_key(spec: SessionSpec) -> str:
-    """Residents are per backend and base digest (the same file may serve both)."""
-    sha = spec.identity.base_sha256
+    """Residents are per backend and the digest of the weights served (the same file may
+    serve both backends; an OpenVINO base's profiles are separate residents)."""
+    sha = spec.identity.served_sha256
     return sha if spec.backend == "llama" else f"{spec.backend}:{sha}"
 
 
@@ -189,7 +190,7 @@ class SessionManager:
 
     def _resident(self, spec: SessionSpec, cancelled: CancelCheck,
                   progress: Callable[[str, float], None] | None) -> Resident:
-        sha = spec.identity.base_sha256
+        sha = spec.identity.served_sha256
         key = resident_key(spec)
         if key in self.residents:
             self.residents.move_to_end(key)
@@ -217,7 +218,7 @@ class SessionManager:
             self._drop_resident(unused[0])
         model = load_model(spec.backend, str(path), sha, self.n_threads,
                            (lambda f: progress("loading model", f)) if progress else None,
-                           cancelled)
+                           cancelled, spec.identity.compute)
         self.residents[key] = Resident(spec.base_name, model, info)
         return self.residents[key]
 
@@ -314,8 +315,10 @@ class SessionManager:
             side.reused_tokens = session.context.reused
             start = time.perf_counter()
         token = side.sampler.choose(side.logits, side.prompt + side.tokens)
-        row = log_softmax(side.logits)
-        logprob = float(row[token])
+        # The whole log-softmax row only when top log-probabilities are asked for; the
+        # chosen token's alone costs a third of it (docs/performance.md, "Our loop").
+        row = log_softmax(side.logits) if top_logprobs else None
+        logprob = float(row[token]) if row is not None else token_logprob(side.logits, token)
         if model.is_end(token):
             side.finish = "eos"
             side.decode_seconds += time.perf_counter() - start
