@@ -109,6 +109,9 @@ class SessionManager:
         self.max_bases = max_bases
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self.residents: OrderedDict[str, Resident] = OrderedDict()
+        # Residents a request holds a session on while it opens another (`cross_check`):
+        # never evicted then, though the session is not generating (not `busy`).
+        self._pinned: set[str] = set()
         self.sessions: list[OpenSession] = []  # least recently used first
         self._numbers = itertools.count(1)
         self.signatures = SignatureGate()  # the signature policy, checked per request
@@ -211,7 +214,7 @@ class SessionManager:
             raise RefusedError(f"base {spec.base_name}: not a base model {spec.backend} serves")
         while len(self.residents) >= self.max_bases:
             # The least recently used base whose sessions are all idle goes.
-            unused = [k for k in self.residents if not any(
+            unused = [k for k in self.residents if k not in self._pinned and not any(
                 s.busy for s in self.sessions if resident_key(s.spec) == k)]
             if not unused:
                 break
@@ -424,7 +427,14 @@ class SessionManager:
         rows = []
         for prompt in prompts:
             a = self.open(first, cancelled)
-            b = self.open(second, cancelled)
+            # Opening the second side must not evict the first's base (with OpenVINO's
+            # profiles more bases than `max_bases` take turns: a freed model under `a`
+            # crashed the engine with SIGSEGV).
+            self._pinned.add(resident_key(first))
+            try:
+                b = self.open(second, cancelled)
+            finally:
+                self._pinned.discard(resident_key(first))
             for session in (a, b):
                 session.context.cancelled = cancelled
             tokens = self.prompt_tokens(first, prompt)

@@ -342,7 +342,12 @@ class OvContext:
         if self.model._sliced:
             inputs[LOGITS_FROM] = np.asarray([logits_from], np.int64)
         request = self.request
-        request.start_async(inputs)
+        # Bound as new tensors (copies), never through `start_async(inputs)`: after
+        # `step` bound views of its own buffers, OpenVINO's input dispatcher would try to
+        # reshape those in place and fails ("Could set new shape") on a longer input.
+        for name, value in inputs.items():
+            request.set_tensor(name, ov.Tensor(value))
+        request.start_async()
         while not request.wait_for(POLL_MS):
             if self.cancelled():
                 request.cancel()
