@@ -186,8 +186,9 @@ def cpu_precision() -> str:
     """
     import openvino as ov
 
+    # The property is an `ov.Type`, whose str is "<Type: 'bfloat16'>" (never "bf16").
     hint = str(ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
-    return "bf16" if "bf16" in hint else "f32"
+    return "bf16" if "bfloat16" in hint or "bf16" in hint else "f32"
 
 
 def compress_ir(exact_ir: Path, target: Path, weights: str, source: Path,
