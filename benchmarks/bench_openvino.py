@@ -69,7 +69,8 @@ def main() -> None:
     def request(name: str, profile: str | None = None, tokens: int = args.tokens
                 ) -> messages.Generate:
         return messages.Generate(resolve(catalog, name, ov_profile=profile),
-                                 messages.Prompt(PROMPT), replace(sampling, max_tokens=tokens))
+                                 messages.Prompt(PROMPT, chat=True),
+                                 replace(sampling, max_tokens=tokens))
 
     ov_client, llama_client = EngineClient(), EngineClient()
     clients = {"openvino": ov_client, "llama": llama_client}
@@ -88,6 +89,9 @@ def main() -> None:
         result = handle.wait(1800)
         assert result["backend"] == backend
         count = len(result["token_ids"])
+        if count < 2 or len(stamps) < 2:
+            raise SystemExit(f"{label}: {count} tokens ({result.get('finish_reason')}): "
+                             f"{result['text']!r}")
         cpu_ms.setdefault(label, []).append((_cpu_seconds(client.pid) - before) * 1000 / count)
         return (count - 1) / (stamps[-1] - stamps[0])
 
