@@ -1,19 +1,19 @@
-"""OpenVINO engine benchmarks, each measured side by side in one run.
+"""OpenVINO engine benchmarks, each measured side by side in one run (issue 15).
 
-1. OpenVINO base against an OpenVINO variant (rank-8 q/v PEFT adapter, dynamic LoRA
-   over the same compiled model), both through the engine.
-2. OpenVINO against llama.cpp on the same model: the OpenVINO default (F16 IR) against
-   llama.cpp on the F16 copy it was built from (the same weights) and on the embedded
-   Q4_1 default, and the same converted adapter as a variant on both backends.
+1. Each OpenVINO profile (docs/formats.md, "Profiles": `fast` int4, `fast-int8`,
+   `exact` F16 at f32) against llama.cpp on the embedded Q4_1 default, the same source.
+2. Each profile's variant (rank-8 q/v PEFT adapter, dynamic LoRA over the same compiled
+   model) against that profile's base, and llama.cpp's variant against its base.
 3. Our engine loop (InferRequest + numpy sampler) against OpenVINO GenAI's own
-   `LLMPipeline` decoding the same IR, to show what driving the model ourselves costs.
-4. Session costs: the first LoRA build (compile) against opening another variant on
-   registered layers (no rebuild), and resident memory with base and variant sessions.
-5. Parity numbers (KL of next-token distributions) for the record.
+   `LLMPipeline` decoding the same IR (the fast profile's, at the same precisions).
+4. Resident memory of each profile (a fresh engine after a base generation, and with a
+   variant beside it), and session costs (first load, first LoRA build, another variant).
+5. KL of each profile's next-token distributions against llama.cpp on the same prompts.
 
 Rounds alternate the sides; medians and ratios of medians are reported (this machine
 is shared: single runs are noise). Writes benchmarks/out/openvino.json.
-Usage: .venv/bin/python -m benchmarks.bench_openvino [--rounds N] [--tokens N]
+Usage: VARIANT_STUDIO_THREADS=1 .venv/bin/python -m benchmarks.bench_openvino
+       [--rounds N] [--tokens N] [--no-parity]
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from typing import Any
 from benchmarks.common import median, scratch_home, write
 
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
+PROFILES = ("fast", "fast-int8", "exact")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--no-parity", action="store_true", help="skip the KL cross-checks")
     args = parser.parse_args()
     scratch_home()
     from engine.catalog import imports
@@ -56,93 +58,98 @@ def main() -> None:
     llama = defaults.DEFAULT_MODEL_NAME
     info = artifacts.inspect_path(defaults.embedded_model_path())
     tmp = Path(tempfile.mkdtemp())
-    f16 = Path(catalog.model(ov)["built_from"]["f16_gguf"])
-    imports.add_model(catalog, "llama-f16", f16, "llama")
     source = factories.write_gguf_lora(tmp / "a.gguf", info, seed=1, strength=0.05)
     imports.add_adapter(catalog, "bench-a", llama, source)
-    imports.convert_adapter(catalog, "bench-a", "openvino")
-    imports.add_adapter(catalog, "bench-a16", "llama-f16", source)
     imports.add_adapter(catalog, "bench-b", ov, factories.write_peft_lora(
         tmp / "b", info, seed=2, strength=0.05))
     catalog.add_variant("va", llama, [AdapterSpec("bench-a", 1.0)])
-    catalog.add_variant("va16", "llama-f16", [AdapterSpec("bench-a16", 1.0)])
     catalog.add_variant("vb", ov, [AdapterSpec("bench-b", 1.0)])
     sampling = Sampling(temperature=0.0, repeat_penalty=1.0, max_tokens=args.tokens)
 
-    def request(name: str, backend: str | None = None, tokens: int = args.tokens
+    def request(name: str, profile: str | None = None, tokens: int = args.tokens
                 ) -> messages.Generate:
-        return messages.Generate(resolve(catalog, name, backend=backend),
-                                 messages.Prompt(PROMPT), replace(sampling, max_tokens=tokens))
+        return messages.Generate(resolve(catalog, name, ov_profile=profile),
+                                 messages.Prompt(PROMPT, chat=True),
+                                 replace(sampling, max_tokens=tokens))
 
     ov_client, llama_client = EngineClient(), EngineClient()
     clients = {"openvino": ov_client, "llama": llama_client}
 
     cpu_ms: dict[str, list[float]] = {}
 
-    def tps(backend: str, name: str, serve_on: str | None = None, label: str = "") -> float:
+    def tps(backend: str, name: str, profile: str | None, label: str) -> float:
         """Client-observed tokens/s; also records engine CPU milliseconds per token."""
         stamps: list[float] = []
         client = clients[backend]
         before = _cpu_seconds(client.pid)
         handle = client.submit(
-            request(name, serve_on),
+            request(name, profile),
             lambda e: stamps.append(time.perf_counter())
             if isinstance(e, messages.Token) else None)
         result = handle.wait(1800)
         assert result["backend"] == backend
         count = len(result["token_ids"])
+        if count < 2 or len(stamps) < 2:
+            raise SystemExit(f"{label}: {count} tokens ({result.get('finish_reason')}): "
+                             f"{result['text']!r}")
         cpu_ms.setdefault(label, []).append((_cpu_seconds(client.pid) - before) * 1000 / count)
         return (count - 1) / (stamps[-1] - stamps[0])
 
-    # Session costs on a fresh OpenVINO engine: first load, first LoRA build, switch.
+    # Session costs on a fresh OpenVINO engine (fast profile): first load, first LoRA
+    # build, then the other profiles' first loads.
     timings = {}
-    for label, name in (("load_base_s", ov), ("first_lora_build_s", "vb"),
-                        ("open_other_variant_s", "va")):
+    for label, name, profile in (("load_base_s", ov, "fast"),
+                                 ("first_lora_build_s", "vb", "fast"),
+                                 ("load_fast_int8_s", ov, "fast-int8"),
+                                 ("load_exact_s", ov, "exact")):
         start = time.perf_counter()
-        ov_client.call(messages.Open(resolve(catalog, name, backend="openvino")),
-                       timeout=1800)
+        ov_client.call(messages.Open(resolve(catalog, name, ov_profile=profile)), timeout=1800)
         timings[label] = time.perf_counter() - start
-    for name in (llama, "llama-f16", "va", "va16"):  # warm up llama.cpp
+    for name in (llama, "va"):  # warm up llama.cpp
         llama_client.call(request(name, tokens=2), timeout=1800)
 
-    sides: dict[str, list[float]] = {k: [] for k in (
-        "ov_base", "ov_variant", "ov_converted_variant", "llama_f16", "llama_q4_1",
-        "llama_variant_q4_1", "llama_variant_f16", "genai_pipeline")}
-    genai = _GenaiPipeline(catalog.model(ov)["path"], args.tokens)
-    runs = (("ov_base", "openvino", ov, None), ("ov_variant", "openvino", "vb", None),
-            ("llama_f16", "llama", "llama-f16", None),
-            ("ov_converted_variant", "openvino", "va", "openvino"),
-            ("llama_q4_1", "llama", llama, None), ("llama_variant_q4_1", "llama", "va", None),
-            ("llama_variant_f16", "llama", "va16", None))
+    runs = [("llama_q4_1", "llama", llama, None), ("llama_variant_q4_1", "llama", "va", None)]
+    for profile in PROFILES:
+        key = profile.replace("-", "_")
+        runs += [(f"ov_{key}", "openvino", ov, profile),
+                 (f"ov_{key}_variant", "openvino", "vb", profile)]
+    sides: dict[str, list[float]] = {label: [] for label, *_ in runs}
+    sides["genai_fast"] = []
+    fast_spec = resolve(catalog, ov, ov_profile="fast")
+    genai = _GenaiPipeline(fast_spec.base_path, args.tokens, fast_spec.identity.compute)
     for _ in range(args.rounds):
-        for label, backend, name, serve_on in runs:
-            sides[label].append(tps(backend, name, serve_on, label))
+        for label, backend, name, profile in runs:
+            sides[label].append(tps(backend, name, profile, label))
         before = time.process_time()
-        sides["genai_pipeline"].append(genai.tps(PROMPT))
-        cpu_ms.setdefault("genai_pipeline", []).append(
+        sides["genai_fast"].append(genai.tps(PROMPT))
+        cpu_ms.setdefault("genai_fast", []).append(
             (time.process_time() - before) * 1000 / args.tokens)
     genai.close()
+    ov_client.call(messages.CloseAll(), timeout=120)
 
-    base_rss = _fresh_rss([request(ov, tokens=8)])
-    both_rss = _fresh_rss([request(ov, tokens=8), request("vb", tokens=8)])
+    memory = {}
+    for profile in PROFILES:
+        base_rss = _fresh_rss([request(ov, profile, tokens=8)])
+        both_rss = _fresh_rss([request(ov, profile, tokens=8), request("vb", profile, tokens=8)])
+        memory[profile] = {"base_rss_bytes": base_rss, "base_and_variant_rss_bytes": both_rss,
+                           "ratio": both_rss / base_rss,
+                           "weights_bytes": catalog.model(ov)["profiles"][profile]["size"]}
+    memory["llama_q4_1"] = {"base_rss_bytes": _fresh_rss([request(llama, tokens=8)])}
 
     prompts = tuple(messages.Prompt(p, chat=True) for p in (
         "Write a short poem about the sea.", "What is the capital of France?",
         "Give me three tips for learning to cook.",
         "Explain what a neural network is in one sentence."))
 
-    def cross(first: str, second: str, first_backend: str | None = None) -> dict[str, Any]:
+    def cross(profile: str) -> dict[str, Any]:
         result = ov_client.call(messages.CrossCheck(
-            resolve(catalog, first, backend=first_backend),
-            resolve(catalog, second, backend="openvino"), prompts, 8), timeout=1800)
+            resolve(catalog, llama), resolve(catalog, ov, ov_profile=profile), prompts, 8),
+            timeout=1800)
         return {k: result[k] for k in ("max_kl", "mean_kl", "top1_agreement",
                                         "first_token_agreement", "min_agreeing_tokens")}
 
-    parity = {"base_same_weights": cross("llama-f16", ov),
-              "base_defaults": cross(llama, ov),
-              "variant_same_weights": cross("va16", "va"),
-              "variant_defaults": cross("va", "va", "llama")}
-    described = ov_client.call(messages.Describe(), timeout=60)
+    parity = {} if args.no_parity else {
+        f"{profile}_vs_llama_q4_1": cross(profile) for profile in PROFILES}
     ov_client.close()
     llama_client.close()
 
@@ -152,36 +159,24 @@ def main() -> None:
     def cpu_ratio(a: str, b: str) -> float:  # > 1: a needs less CPU per token than b
         return median(cpu_ms[b]) / median(cpu_ms[a])
 
+    pairs = {"llama_variant_vs_llama_base": ("llama_variant_q4_1", "llama_q4_1"),
+             "ov_engine_fast_vs_genai_pipeline_fast": ("ov_fast", "genai_fast")}
+    for profile in PROFILES:
+        key = profile.replace("-", "_")
+        pairs[f"ov_{key}_vs_llama_q4_1"] = (f"ov_{key}", "llama_q4_1")
+        pairs[f"ov_{key}_variant_vs_ov_{key}_base"] = (f"ov_{key}_variant", f"ov_{key}")
     write("openvino", {
         "prompt": PROMPT, "tokens": args.tokens, "rounds": args.rounds,
         "threads": os.environ.get("VARIANT_STUDIO_THREADS") or "all cores",
+        "profiles": {p: resolve(catalog, ov, ov_profile=p).identity.compute.label()
+                     for p in PROFILES},
         "tokens_per_second": sides,
         "medians": {k: median(v) for k, v in sides.items()},
-        "cpu_ms_per_token": cpu_ms,
         "cpu_ms_per_token_medians": {k: median(v) for k, v in cpu_ms.items()},
-        "cpu_efficiency_ratios": {
-            "ov_variant_vs_ov_base": cpu_ratio("ov_variant", "ov_base"),
-            "ov_base_vs_llama_f16": cpu_ratio("ov_base", "llama_f16"),
-            "ov_base_vs_llama_q4_1": cpu_ratio("ov_base", "llama_q4_1"),
-            "ov_converted_variant_vs_llama_variant_f16": cpu_ratio("ov_converted_variant",
-                                                                   "llama_variant_f16"),
-            "ov_engine_vs_genai_pipeline": cpu_ratio("ov_base", "genai_pipeline"),
-        },
-        "ratios": {
-            "ov_variant_vs_ov_base": ratio("ov_variant", "ov_base"),
-            "ov_base_vs_llama_f16": ratio("ov_base", "llama_f16"),
-            "ov_base_vs_llama_q4_1": ratio("ov_base", "llama_q4_1"),
-            "ov_converted_variant_vs_llama_variant_q4_1": ratio("ov_converted_variant",
-                                                                "llama_variant_q4_1"),
-            "ov_converted_variant_vs_llama_variant_f16": ratio("ov_converted_variant",
-                                                               "llama_variant_f16"),
-            "ov_engine_vs_genai_pipeline": ratio("ov_base", "genai_pipeline"),
-        },
-        "sessions": {**timings, "build_or_register_default_s": build_or_register_s,
-                     "pipeline_builds": next(r["pipeline_builds"] for r in described["residents"]
-                                             if r["backend"] == "openvino")},
-        "memory": {"base_rss_bytes": base_rss, "base_and_variant_rss_bytes": both_rss,
-                   "ratio": both_rss / base_rss},
+        "ratios": {k: ratio(a, b) for k, (a, b) in pairs.items()},
+        "cpu_efficiency_ratios": {k: cpu_ratio(a, b) for k, (a, b) in pairs.items()},
+        "sessions": {**timings, "build_or_register_default_s": build_or_register_s},
+        "memory": memory,
         "parity_kl_nats": parity,
     })
 
@@ -189,15 +184,16 @@ def main() -> None:
 class _GenaiPipeline:
     """OpenVINO GenAI's LLMPipeline on the same IR, greedy, timed per streamed token."""
 
-    def __init__(self, folder: str, tokens: int) -> None:
+    def __init__(self, folder: str, tokens: int, compute: Any) -> None:
         import openvino_genai
 
-        from engine.runtime.openvino.backend import COMPILE_CONFIG
+        from engine.runtime.openvino.backend import compile_config
 
-        props = {k: v for k, v in COMPILE_CONFIG.items()
-                 if k in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")}
         threads = int(os.environ.get("VARIANT_STUDIO_THREADS", "0"))
-        if threads:  # the same thread budget as the engine
+        # The same precisions as our engine's for this profile, and the same thread budget.
+        props = {k: v for k, v in compile_config(compute, threads or 1).items()
+                 if k in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")}
+        if threads:
             props["INFERENCE_NUM_THREADS"] = str(threads)
         self.pipeline = openvino_genai.LLMPipeline(folder, "CPU", **props)
         self.config = openvino_genai.GenerationConfig()

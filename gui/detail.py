@@ -82,6 +82,7 @@ class ChecksModel(QAbstractTableModel):
 
 LABELS = {
     "sha256": "Digest (sha256)", "identity key": "Identity key", "backend": "Runtime",
+    "compute": "OpenVINO profile",
     "base_sha256": "Base digest", "adapters": "Adapters",
     "chat_template_sha256": "Chat-template digest", "bos_policy": "Start-of-text token",
     "runtime": "Runtime version", "context": "Context", "system_prompt": "System prompt",
@@ -154,6 +155,10 @@ def _identity_value(key: str, value: Any) -> str:
                          for a in value) or "none (the plain base)"
     if key == "context":
         return ", ".join(f"{human_label(k).lower()} {v}" for k, v in value.items())
+    if key == "compute" and isinstance(value, dict):
+        return (f"{value.get('name')}: {value.get('weights')} weights at "
+                f"{value.get('precision')}, KV cache {value.get('kv_cache')} (sha256 "
+                f"{str(value.get('weights_sha256'))[:12]}…)")
     return _human_value(key, value)
 
 
@@ -203,6 +208,8 @@ def render_html(entry: dict[str, Any]) -> str:
             rows.append(_row(f"adapter {a['name']}", f"scale {a['scale']:g} · sha256 "
                              f"{(a.get('sha256') or '?')[:16]}…"))
         rows.append(_row("status", "curated" if entry.get("curated") else "user-provided"))
+    if entry.get("compute"):  # the OpenVINO profile served (docs/formats.md, "Profiles")
+        rows.append(_row("compute", entry["compute"]))
     if entry.get("identity"):
         rows.append(_row("identity key", entry["identity"], mono=True))
     parts = [f"<h2>{html.escape(printable(entry['name'], 80))} "

@@ -6,7 +6,8 @@ real engine process and its progress events). Set VARIANT_STUDIO_OPENVINO_CACHE 
 reuse a cache across sessions while developing. This module holds no tests.
 
 A test that needs the default built carries `@pytest.mark.slow`: run alone, it pays
-for the build (25-40 s on a 2-core machine), so `pytest -m "not slow"` never builds it.
+for the build, F16 IR and its int4 and int8 profiles (61 s alone on this 2-core
+machine: 17 + 25 + 19 s; 115 s under load), so `pytest -m "not slow"` never builds it.
 """
 
 from __future__ import annotations

@@ -12,17 +12,20 @@ from pathlib import Path
 import pytest
 
 from engine import cli
+from engine.catalog import resolve
 from engine.catalog.store import Catalog
 from engine.curated import openvino_default, setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME
+from engine.runtime import messages
 from engine.runtime.client import EngineClient
 from engine.runtime.openvino import build as openvino_build
 from tests import factories as f
-from tests.engine_helpers import request
+from tests.engine_helpers import PROMPT, request, sampling
 from tests.openvino_helpers import cache_dir, first_build, progress_events, register_default
 
 STAGES = ["verifying source", "dequantizing to F16", "converting with OpenVINO",
-          "naming layers", "describing", "done"]
+          "naming layers", "describing", "compressing to int4", "compressing to int8",
+          "done"]  # the compressed profiles (compress.py) after the F16 IR
 
 
 @pytest.mark.slow
@@ -43,6 +46,13 @@ def test_default_is_built_once_with_progress_then_cached(
             assert fractions == sorted(fractions) and 0 <= fractions[0] <= fractions[-1] <= 1
     naming = result["naming"]
     assert (naming["layers"], naming["renamed"], naming["cross_checked"]) == (30, 210, 210)
+    # The compressed profiles, each in its own cache folder, int4 with the source's codes.
+    assert set(result["profiles"]) == {"fast", "fast-int8"}
+    assert result["profiles"]["fast"]["layers"] == {"int4": 210, "int8": 1,
+                                                    "snapped_to_source": 210}
+    assert result["profiles"]["fast-int8"]["layers"] == {"int8": 211}
+    for built in result["profiles"].values():
+        assert Path(built["folder"]).parent.parent == cache_dir(tmp_path_factory)
     assert (naming["hidden"], naming["ffn"], naming["q_out"], naming["kv_out"]) == (
         576, 1536, 576, 192)
     folder = Path(result["folder"])
@@ -189,8 +199,11 @@ def test_a_gguf_is_served_directly_as_a_plain_openvino_base(
     capsys.readouterr()
     client = EngineClient()
     try:
-        plain, named = (client.call(request(catalog, name, max_tokens=16), timeout=900)
-                        for name in ("plain-ov", openvino_default.NAME))
+        plain = client.call(request(catalog, "plain-ov", max_tokens=16), timeout=900)
+        # The default's exact profile: the same F16 IR at f32 (its default is int4).
+        named = client.call(messages.Generate(
+            resolve.resolve(catalog, openvino_default.NAME, ov_profile="exact"), PROMPT,
+            sampling(max_tokens=16)), timeout=900)
     finally:
         client.close()
     assert plain["backend"] == "openvino" and len(plain["token_ids"]) == 16

@@ -147,7 +147,10 @@ def test_status_and_changed_adapters_on_openvino(world) -> None:
     info = client.call(messages.Describe(), timeout=60)
     (resident,) = info["residents"]
     assert resident["backend"] == "openvino" and resident["base"] == OV
-    assert resident["sha256"] == catalog.model(OV)["sha256"]
+    # The resident holds the weights served: the default (fast) profile's int4 IR.
+    assert resident["sha256"] == catalog.model(OV)["profiles"]["fast"]["sha256"] == (
+        resolve.identity(catalog, OV).served_sha256)
+    assert resident["profile"].startswith("fast (int4 @ ")
     (session,) = info["sessions"]
     assert session["backend"] == "openvino" and session["identity"] == (
         resolve.identity(catalog, "vab").key)

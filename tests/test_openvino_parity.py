@@ -166,7 +166,10 @@ def cross(catalog: Catalog, client: EngineClient, first: str, second: str,
           first_backend: str = "llama") -> dict[str, Any]:
     return client.call(messages.CrossCheck(
         resolve.resolve(catalog, first, backend=first_backend),
-        resolve.resolve(catalog, second, backend="openvino"), PROMPTS, 8), timeout=1200)
+        # Parity is the exact profile's job (F16 weights at f32); `fast` is measured in
+        # test_openvino_profiles.py.
+        resolve.resolve(catalog, second, backend="openvino", ov_profile="exact"), PROMPTS, 8),
+        timeout=1200)
 
 
 @pytest.mark.slow
@@ -223,8 +226,9 @@ def test_parity_command_reports_kl_agreement_backends_and_no_openvino_warning(
         assert (result["first"]["backend"], result["second"]["backend"]) == ("llama",
                                                                              "openvino")
         assert result["first"]["name"] == result["second"]["name"] == "vs"
+        # `parity` compares with the exact profile (F16 weights at f32) unless told.
         assert result["second"]["identity"] == (
-            resolve.identity(catalog, "vs", backend="openvino").key)
+            resolve.identity(catalog, "vs", backend="openvino", ov_profile="exact").key)
         (row,) = result["prompts"]
         assert row["same_token_ids"] and len(row["kl"]) == len(row["first"]) == 4
         # The curated defaults' tolerance (docs/formats.md, "Parity").

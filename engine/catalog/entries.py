@@ -37,6 +37,7 @@ def list_entries(catalog: Catalog, pending: Pending = ()) -> dict[str, list[dict
                  "problem": None if status.ok else status.detail}
         if "merged_from" in record:  # what a library badge needs: a merge, erased or not
             entry["merged_from"] = merged.badge(record["merged_from"])
+        entry.update(_compute(catalog, record["name"]))
         models.append(entry)
     models.extend(pending)
     adapters = [_public(r) for r in data["adapters"].values()]
@@ -71,7 +72,25 @@ def variant_entry(catalog: Catalog, record: dict[str, Any]) -> dict[str, Any]:
     return {"name": record["name"], "kind": "variant", "backend": record["backend"],
             "base": record["base"], "adapters": adapters, "identity": identity,
             "curated": record["curated"], "profile": record["profile"],
-            "created_at": record.get("created_at")}
+            "created_at": record.get("created_at"), **_compute(catalog, record["name"])}
+
+
+def _compute(catalog: Catalog, name: str) -> dict[str, Any]:
+    """`compute`: the OpenVINO profile it is served with by default (docs/formats.md,
+    "Profiles"), as a label (`fast (int4 @ f32)`); nothing for a base without profiles.
+    (`profile` is already a variant's sampling profile.)"""
+    try:
+        compute = resolve.identity(catalog, name).compute
+    except StudioError:
+        return {}
+    return {"compute": compute.label()} if compute is not None else {}
+
+
+def profile_rows(record: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A base's OpenVINO profiles for a report: weights, precisions, size and digest."""
+    return {name: {k: entry.get(k) for k in ("weights", "precision", "kv_cache", "size",
+                                             "sha256", "recipe")}
+            for name, entry in (record.get("profiles") or {}).items()}
 
 
 def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, Any]:
@@ -93,6 +112,9 @@ def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, 
         for key in ("built_from", "counterparts"):
             if key in record:
                 out[key] = record[key]
+        out.update(_compute(catalog, name))
+        if record.get("profiles"):
+            out["profiles"] = profile_rows(record)
         if "merged_from" in record:
             # A merge is a plain base now: say so first, with how it was made.
             out["merge"] = merged.summary(record["merged_from"])

@@ -19,6 +19,12 @@ the files are and where they came from, when they were added, an adapter's defau
 scale, and the profile's sampling and system prompt (these travel with each request;
 a system prompt reaches the cache as prompt tokens). tests/test_identity.py checks
 both lists.
+
+`compute` is the OpenVINO profile a base is served with (docs/formats.md, "Profiles"):
+which weights (F16, int8, int4 and their digest) and at what precision OpenVINO computes.
+The same base under two profiles computes different numbers, so the profiles have
+different keys. It is left out of the canonical form when a backend has no profiles
+(llama.cpp, an OpenVINO IR added by the user), so those keys did not change when it came.
 """
 
 from __future__ import annotations
@@ -74,6 +80,21 @@ class ContextConfig:
 
 
 @dataclass(frozen=True)
+class ComputeProfile:
+    """How an OpenVINO base computes: its named profile, weights and precisions."""
+
+    name: str  # "fast", "fast-int8" or "exact"
+    weights: str  # "int4", "int8" or "f16"
+    precision: str  # INFERENCE_PRECISION_HINT: "f32" or "bf16"
+    kv_cache: str  # KV_CACHE_PRECISION: "f32" or "f16"
+    weights_sha256: str  # digest of the IR folder served (the base's own for "exact")
+
+    def label(self) -> str:
+        """A short label for a library row or a report: `fast (int4 @ f32)`."""
+        return f"{self.name} ({self.weights} @ {self.precision})"
+
+
+@dataclass(frozen=True)
 class Identity:
     backend: str
     base_name: str
@@ -83,10 +104,18 @@ class Identity:
     bos_policy: str
     runtime: str
     context: ContextConfig
+    compute: ComputeProfile | None = None
 
     def canonical(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"),
-                          ensure_ascii=True)
+        data = asdict(self)
+        if data["compute"] is None:  # no profiles on this backend: the key as before
+            del data["compute"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+
+    @property
+    def served_sha256(self) -> str:
+        """The digest of the weights actually served (a profile's folder, else the base)."""
+        return self.compute.weights_sha256 if self.compute else self.base_sha256
 
     @property
     def key(self) -> str:
@@ -100,10 +129,12 @@ class Identity:
         """The identity of this variant's base, with nothing else changed."""
         return Identity(self.backend, self.base_name, self.base_sha256, (),
                         self.chat_template_sha256, self.bos_policy, self.runtime,
-                        self.context)
+                        self.context, self.compute)
 
     def to_dict(self) -> dict:
         data = asdict(self)
+        if data["compute"] is None:
+            del data["compute"]
         data["key"] = self.key
         return data
 
@@ -118,4 +149,5 @@ class Identity:
             bos_policy=data["bos_policy"],
             runtime=data["runtime"],
             context=ContextConfig(**data["context"]),
+            compute=ComputeProfile(**data["compute"]) if data.get("compute") else None,
         )

@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.catalog import signatures
-from engine.catalog.identity import AdapterRef, ContextConfig, Identity, runtime_version
+from engine.catalog.identity import (
+    AdapterRef,
+    ComputeProfile,
+    ContextConfig,
+    Identity,
+    runtime_version,
+)
 from engine.catalog.profiles import DEFAULT_PROFILE, Sampling
 from engine.catalog.signatures import AdapterSigning, TrustedKey
 from engine.catalog.store import BACKENDS, AdapterSpec, Catalog
@@ -91,15 +97,19 @@ class SessionSpec:
 
 
 def resolve(catalog: Catalog, name: str, n_ctx: int | None = None,
-            backend: str | None = None) -> SessionSpec:
+            backend: str | None = None, ov_profile: str | None = None) -> SessionSpec:
     """Resolve a model or variant name into what the engine needs to serve it.
 
     `backend` serves it on another backend than its base's: the base's counterpart
-    there and each adapter's file for that backend (`serving_base`).
+    there and each adapter's file for that backend (`serving_base`). `ov_profile`
+    names the OpenVINO profile (`compute_profile`); a llama.cpp base ignores it.
     """
     kind, record = catalog.find(name)
-    ident = identity(catalog, name, n_ctx, backend)
+    ident = identity(catalog, name, n_ctx, backend, ov_profile)
     base = catalog.model(serving_base(catalog, name, backend))
+    # A profile serves its own IR folder (int4, int8 or the F16 build).
+    base_path = base["path"] if ident.compute is None else base["profiles"][
+        ident.compute.name]["path"]
     adapters: tuple[AdapterFile, ...] = ()
     policy = signatures.policy(catalog)
     trusted: tuple[TrustedKey, ...] = ()
@@ -117,7 +127,7 @@ def resolve(catalog: Catalog, name: str, n_ctx: int | None = None,
         )
         if not any(a.signing for a in adapters):
             trusted = ()
-    return SessionSpec(name, kind, ident, base["name"], base["path"], adapters,
+    return SessionSpec(name, kind, ident, base["name"], base_path, adapters,
                        profile(catalog, name).get("system_prompt", ""), policy, trusted)
 
 
@@ -136,25 +146,59 @@ def sampling(catalog: Catalog, name: str, **overrides: Any) -> Sampling:
 
 
 def identity(catalog: Catalog, name: str, n_ctx: int | None = None,
-             backend: str | None = None) -> Identity:
+             backend: str | None = None, ov_profile: str | None = None) -> Identity:
     """The identity of a base model or variant as it would be served now.
 
     `backend` serves a variant on another backend: its base's counterpart there,
-    and each adapter's file for that backend (see `serving_base`).
+    and each adapter's file for that backend (see `serving_base`). `ov_profile`: the
+    OpenVINO profile (see `compute_profile`).
     """
     kind, record = catalog.find(name)
     if kind == "adapter":
         raise UsageError(f"{name!r} is an adapter; serve it through a variant")
     if kind == "model":
         base = serving_base(catalog, name, backend)
-        return identity_of_parts(catalog, base, [], n_ctx or DEFAULT_PROFILE["n_ctx"])
+        return identity_of_parts(catalog, base, [], n_ctx or DEFAULT_PROFILE["n_ctx"],
+                                 ov_profile)
     specs = [AdapterSpec(a["name"], a["scale"]) for a in record["adapters"]]
     return identity_of_parts(catalog, serving_base(catalog, name, backend), specs,
-                             n_ctx or int(record["profile"].get("n_ctx", 4096)))
+                             n_ctx or int(record["profile"].get("n_ctx", 4096)), ov_profile)
+
+
+OV_PROFILES = ("fast", "fast-int8", "exact")
+
+
+def compute_profile(base: dict[str, Any], ov_profile: str | None = None
+                    ) -> ComputeProfile | None:
+    """The OpenVINO profile a base is served with: `ov_profile`, else its default.
+
+    A base record with `profiles` (the curated OpenVINO default: int4 `fast`, its
+    serving default; int8 `fast-int8`; the F16 IR at f32 `exact`, for parity) serves
+    the named profile's IR folder. Other bases have no profiles (None): they compute as
+    `exact` does, and asking them for a compressed profile is refused.
+    """
+    if ov_profile is not None and ov_profile not in OV_PROFILES:
+        raise UsageError(f"unknown OpenVINO profile {ov_profile!r} "
+                         f"({', '.join(OV_PROFILES)})")
+    profiles = base.get("profiles")
+    if base.get("backend") != "openvino":
+        return None
+    if not profiles:
+        if ov_profile not in (None, "exact"):
+            raise RefusedError(f"{base['name']} has no {ov_profile} profile (only the "
+                               "OpenVINO default is built with compressed weights)")
+        return None
+    name = ov_profile or base.get("default_profile") or "fast"
+    if name not in profiles:
+        raise RefusedError(f"{base['name']} has no {name} profile; run `variant-studio "
+                           "model openvino-default` to build it")
+    entry = profiles[name]
+    return ComputeProfile(name, entry["weights"], entry["precision"], entry["kv_cache"],
+                          entry["sha256"])
 
 
 def identity_of_parts(catalog: Catalog, base_name: str, adapters: list[AdapterSpec],
-                      n_ctx: int) -> Identity:
+                      n_ctx: int, ov_profile: str | None = None) -> Identity:
     """The identity a variant with these parts would have (nothing is saved)."""
     base = catalog.model(base_name)
     refs = tuple(AdapterRef(a.name, catalog.adapter_file(a.name, base["backend"])["sha256"],
@@ -170,6 +214,7 @@ def identity_of_parts(catalog: Catalog, base_name: str, adapters: list[AdapterSp
                    f"bos={meta.get('bos_token_id')}",
         runtime=runtime_version(base["backend"]),
         context=ContextConfig(n_ctx=n_ctx),
+        compute=compute_profile(base, ov_profile),
     )
 
 

@@ -159,7 +159,9 @@ def cmd_list(catalog: Catalog, args: argparse.Namespace) -> int:
                   f"`{openvino_default.BUILD_COMMAND}`)")
             continue
         problem = f"  ✗ {m['problem']}" if m["problem"] else ""
-        print(f"  {m['name']:<32} {m['backend']:<9} {flag:<8} {m['sha256'][:12]}{problem}")
+        compute = f"  {m['compute']}" if m.get("compute") else ""
+        print(f"  {m['name']:<32} {m['backend']:<9} {flag:<8} {m['sha256'][:12]}{compute}"
+              f"{problem}")
     print("Adapters")
     for a in listing["adapters"]:
         flag = "curated" if a["curated"] else "user"
@@ -168,7 +170,9 @@ def cmd_list(catalog: Catalog, args: argparse.Namespace) -> int:
     print("Variants")
     for v in listing["variants"]:
         parts = " + ".join(f"{a['name']}@{a['scale']:g}" for a in v["adapters"])
-        print(f"  {v['name']:<32} {v['base']} + {parts}  [{(v['identity'] or '?')[:12]}]")
+        compute = f"  {v['compute']}" if v.get("compute") else ""
+        print(f"  {v['name']:<32} {v['base']} + {parts}  [{(v['identity'] or '?')[:12]}]"
+              f"{compute}")
     return 0
 
 
@@ -179,7 +183,7 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
         return 0
     print(f"{entry['kind']} {entry['name']}")
     skip = {"name", "kind", "checks", "metadata", "identity_detail", "provenance", "profile",
-            "files", "backends", "evaluation"}
+            "files", "backends", "evaluation", "profiles"}
     skip.add("signature")  # one line, below
     skip.add("merged_from")  # `merge` says it in a line; the figures are in --json
     skip.add("download")  # one line, below
@@ -195,6 +199,10 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
                 print(f"  adapter: {a['name']} scale {a['scale']:g} sha256 {a['sha256']}")
             continue
         print(f"  {key}: {value}")
+    for profile, item in entry.get("profiles", {}).items():
+        print(f"  OpenVINO profile {profile}: {item['weights']} weights at {item['precision']}"
+              f" (KV cache {item['kv_cache']}), {item['size'] / 2**20:.0f} MiB, sha256 "
+              f"{item['sha256'][:12]}")
     for backend, item in entry.get("files", {}).items():
         print(f"  file for {backend}: {item['format']} sha256 {item['sha256']} (base "
               f"{item['base']}; {ICONS.get(item['status'], '?')} {item['reason']})")

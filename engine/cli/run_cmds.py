@@ -17,7 +17,8 @@ def request(kind: type[messages.Generate], catalog: Catalog, args: argparse.Name
             ) -> messages.Generate:
     """The Generate or Compare request the flags describe: the variant's profile, with
     the sampling flags on top."""
-    spec = resolve.resolve(catalog, args.name, backend=getattr(args, "backend", None))
+    spec = resolve.resolve(catalog, args.name, backend=getattr(args, "backend", None),
+                           ov_profile=getattr(args, "profile", None))
     sampling = resolve.sampling(catalog, args.name, max_tokens=args.max_tokens,
                                 temperature=args.temperature, seed=args.seed,
                                 top_p=getattr(args, "top_p", None),
@@ -82,7 +83,9 @@ def cmd_parity(catalog: Catalog, args: argparse.Namespace) -> int:
     if not 1 <= args.tokens <= 256:
         raise UsageError("--tokens must be 1..256")
     first = resolve.resolve(catalog, args.name, backend="llama")
-    second = resolve.resolve(catalog, args.name, backend="openvino")
+    # Parity is what the exact profile is for (the same F16 weights, at f32).
+    second = resolve.resolve(catalog, args.name, backend="openvino",
+                             ov_profile=getattr(args, "profile", None) or "exact")
     prompts = tuple(messages.Prompt(p, chat=True) for p in (args.prompt or PARITY_PROMPTS))
     result = run_once(messages.CrossCheck(first, second, prompts, args.tokens,
                                           bool(args.genai)))

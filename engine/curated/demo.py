@@ -141,4 +141,3 @@ def attach_heldout(catalog: Catalog) -> None:
                                   "shipped demo held-out set (resources/demo/heldout.jsonl)")
     except (StudioError, OSError) as exc:  # the demo stays; only its set is missing
         add_notice(f"the demo's held-out set could not be attached: {exc}")
-

@@ -29,6 +29,9 @@ from engine.errors import RefusedError, StudioError, UnknownNameError, UsageErro
 from engine.runtime.openvino import build as openvino_build
 
 NAME = openvino_build.DEFAULT_OPENVINO_MODEL_NAME
+# Its profiles (docs/formats.md, "Profiles"): serving takes `fast` unless told otherwise.
+PROFILES = ("fast", "fast-int8", "exact")
+DEFAULT_PROFILE = "fast"
 BUILD_COMMAND = "variant-studio model openvino-default"
 Progress = Callable[[str, float], None]
 Builder = Callable[[Progress | None], dict[str, Any]]
@@ -124,7 +127,9 @@ def _ensure_record(catalog: Catalog, builder: Builder | None,
     if is_registered(catalog):
         record = catalog.model(NAME)
         if Path(record["path"]).is_dir() and catalog.verify_base(NAME).ok:
-            return record
+            if _profiles_present(record):
+                return record
+            return _add_profiles(catalog, record, builder, progress)
         # The build cache was cleared or changed: build again and replace the record
         # below (a new digest means a new identity, so no warm state is reused).
         catalog.state.update(lambda data: (data["models"].pop(NAME, None), data)[1])
@@ -139,6 +144,8 @@ def _ensure_record(catalog: Catalog, builder: Builder | None,
         result = openvino_build.BuildResult.from_dict(built)
     llama_name = _llama_default(catalog, source_sha)
     extra = {
+        "profiles": None,  # filled in below, once the exact profile's digest is known
+        "default_profile": DEFAULT_PROFILE,
         "built_from": {"path": result.source_path, "sha256": result.source_sha256,
                        "model": llama_name, "recipe": result.recipe,
                        "openvino_genai": result.openvino_version,
@@ -146,6 +153,8 @@ def _ensure_record(catalog: Catalog, builder: Builder | None,
                        "names_cross_checked": result.naming.cross_checked},
         "counterparts": {"llama": llama_name} if llama_name else {},
     }
+    exact = {"path": result.folder, "sha256": digest.content_digest(Path(result.folder))}
+    extra["profiles"] = profile_records(result, exact)  # the digest cache hashes it once
     try:
         return imports.add_model(catalog, NAME, Path(result.folder), "openvino",
                                  f"built from {embedded.DEFAULT_MODEL_FILE} "
@@ -155,6 +164,51 @@ def _ensure_record(catalog: Catalog, builder: Builder | None,
         if is_registered(catalog):  # another process added it meanwhile
             return catalog.model(NAME)
         raise
+
+
+def profile_records(result: openvino_build.BuildResult, exact: dict[str, Any]
+                    ) -> dict[str, dict[str, Any]]:
+    """The `profiles` field of the OpenVINO default's record: each profile's IR folder,
+    its digest (the identity covers the bytes served), weights and precisions."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, built in result.profiles.items():
+        folder = Path(built["folder"])
+        out[name] = {"weights": built["weights"], "precision": built["precision"],
+                     "kv_cache": built["kv_cache"], "path": str(folder),
+                     "sha256": digest.content_digest(folder), "size": built["size"],
+                     "recipe": built["recipe"], "nncf": built["nncf"],
+                     "layers": built["layers"]}
+    out["exact"] = {"weights": "f16", "precision": "f32", "kv_cache": "f32",
+                    "path": exact["path"], "sha256": exact["sha256"],
+                    "size": (Path(exact["path"]) / "openvino_model.bin").stat().st_size,
+                    "recipe": result.recipe}
+    return out
+
+
+def _profiles_present(record: dict[str, Any]) -> bool:
+    profiles = record.get("profiles") or {}
+    return all(name in profiles and Path(profiles[name]["path"]).is_dir()
+               for name in PROFILES)
+
+
+def _add_profiles(catalog: Catalog, record: dict[str, Any], builder: Builder | None,
+                  progress: Progress | None) -> dict[str, Any]:
+    """Give a record made before the compressed profiles existed (or whose cached
+    profiles were cleared) its profiles: from the cache, else built by the engine."""
+    result = openvino_build.cached_build(record["built_from"]["sha256"])
+    if result is None:
+        result = openvino_build.BuildResult.from_dict((builder or engine_builder)(progress))
+    profiles = profile_records(result, record)
+
+    def update(data: dict[str, Any]) -> dict[str, Any]:
+        stored = data["models"].get(NAME)
+        if stored is not None:
+            stored["profiles"] = profiles
+            stored.setdefault("default_profile", DEFAULT_PROFILE)
+        return data
+
+    catalog.state.update(update)
+    return catalog.model(NAME)
 
 
 def _llama_default(catalog: Catalog, source_sha: str) -> str | None:

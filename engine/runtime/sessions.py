@@ -44,7 +44,7 @@ from engine.runtime.backend import (
     load_model,
 )
 from engine.runtime.messages import Prompt
-from engine.runtime.sampler import Sampler, StopMatcher, log_softmax
+from engine.runtime.sampler import Sampler, StopMatcher, log_softmax, token_logprob
 from engine.runtime.signing import SignatureGate
 
 Emit = Callable[..., None]
@@ -96,8 +96,9 @@ class SideState:
 
 
 def resident_key(spec: SessionSpec) -> str:
-    """Residents are per backend and base digest (the same file may serve both)."""
-    sha = spec.identity.base_sha256
+    """Residents are per backend and the digest of the weights served (the same file may
+    serve both backends; an OpenVINO base's profiles are separate residents)."""
+    sha = spec.identity.served_sha256
     return sha if spec.backend == "llama" else f"{spec.backend}:{sha}"
 
 
@@ -108,6 +109,9 @@ class SessionManager:
         self.max_bases = max_bases
         self.n_threads = n_threads or max(1, os.cpu_count() or 1)
         self.residents: OrderedDict[str, Resident] = OrderedDict()
+        # Residents a request holds a session on while it opens another (`cross_check`):
+        # never evicted then, though the session is not generating (not `busy`).
+        self._pinned: set[str] = set()
         self.sessions: list[OpenSession] = []  # least recently used first
         self._numbers = itertools.count(1)
         self.signatures = SignatureGate()  # the signature policy, checked per request
@@ -189,7 +193,7 @@ class SessionManager:
 
     def _resident(self, spec: SessionSpec, cancelled: CancelCheck,
                   progress: Callable[[str, float], None] | None) -> Resident:
-        sha = spec.identity.base_sha256
+        sha = spec.identity.served_sha256
         key = resident_key(spec)
         if key in self.residents:
             self.residents.move_to_end(key)
@@ -210,14 +214,14 @@ class SessionManager:
             raise RefusedError(f"base {spec.base_name}: not a base model {spec.backend} serves")
         while len(self.residents) >= self.max_bases:
             # The least recently used base whose sessions are all idle goes.
-            unused = [k for k in self.residents if not any(
+            unused = [k for k in self.residents if k not in self._pinned and not any(
                 s.busy for s in self.sessions if resident_key(s.spec) == k)]
             if not unused:
                 break
             self._drop_resident(unused[0])
         model = load_model(spec.backend, str(path), sha, self.n_threads,
                            (lambda f: progress("loading model", f)) if progress else None,
-                           cancelled)
+                           cancelled, spec.identity.compute)
         self.residents[key] = Resident(spec.base_name, model, info)
         return self.residents[key]
 
@@ -314,8 +318,10 @@ class SessionManager:
             side.reused_tokens = session.context.reused
             start = time.perf_counter()
         token = side.sampler.choose(side.logits, side.prompt + side.tokens)
-        row = log_softmax(side.logits)
-        logprob = float(row[token])
+        # The whole log-softmax row only when top log-probabilities are asked for; the
+        # chosen token's alone costs a third of it (docs/performance.md, "Our loop").
+        row = log_softmax(side.logits) if top_logprobs else None
+        logprob = float(row[token]) if row is not None else token_logprob(side.logits, token)
         if model.is_end(token):
             side.finish = "eos"
             side.decode_seconds += time.perf_counter() - start
@@ -421,7 +427,14 @@ class SessionManager:
         rows = []
         for prompt in prompts:
             a = self.open(first, cancelled)
-            b = self.open(second, cancelled)
+            # Opening the second side must not evict the first's base (with OpenVINO's
+            # profiles more bases than `max_bases` take turns: a freed model under `a`
+            # crashed the engine with SIGSEGV).
+            self._pinned.add(resident_key(first))
+            try:
+                b = self.open(second, cancelled)
+            finally:
+                self._pinned.discard(resident_key(first))
             for session in (a, b):
                 session.context.cancelled = cancelled
             tokens = self.prompt_tokens(first, prompt)

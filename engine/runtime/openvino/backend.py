@@ -18,6 +18,16 @@ adapter reaches a layer that has no branch yet.
 
 The logits are sliced before the output projection (an extra `logits_from` input), so
 a prompt computes one row of logits, not one per token.
+
+A base is loaded for one profile (the identity's `compute`): the IR folder of its
+weights (F16, int8 or int4, `compress.py`) compiled at the profile's precision. The
+precision OpenVINO actually compiled is read back and must be the one the identity
+names, so an identity never describes numbers this CPU did not compute.
+
+The per-token loop (`step`) is kept short (docs/performance.md, "Our loop"): its input
+tensors are bound once and updated in place, it infers synchronously on the engine
+thread (no hand-off to OpenVINO's executor and back), and text pieces come from a
+per-token cache where the tokenizer allows it (`TextStream`).
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import openvino_genai
 from openvino import opset13 as ops
 
 from engine.catalog import validation
+from engine.catalog.identity import ComputeProfile
 from engine.catalog.resolve import AdapterFile
 from engine.errors import Cancelled, EngineError, RefusedError
 from engine.formats import openvino_ir, safetensors_file
@@ -47,6 +58,9 @@ COMPILE_CONFIG: dict[str, Any] = {
     "PERFORMANCE_HINT": "LATENCY",
     "NUM_STREAMS": "1",
 }
+# A compressed profile computes at its own precision (`compile_config`); everything else
+# stays as above, so only what the identity names differs between the profiles.
+_PRECISION_TYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 REQUIRED_INPUTS = ("input_ids", "attention_mask", "position_ids", "beam_idx")
 LOGITS_FROM = "logits_from"
 POLL_MS = 50
@@ -75,11 +89,13 @@ class OvModel:
 
     backend = "openvino"
 
-    def __init__(self, folder: str, sha256: str, info: BaseModelInfo, n_threads: int) -> None:
+    def __init__(self, folder: str, sha256: str, info: BaseModelInfo, n_threads: int,
+                 compute: ComputeProfile | None = None) -> None:
         self.path = folder
         self.sha256 = sha256
         self.info = info
         self.n_threads = n_threads
+        self.compute = compute
         root = Path(folder)
         self.core = ov.Core()
         try:
@@ -105,6 +121,7 @@ class OvModel:
         self.compiled: Any = None
         self._end_ids = self._find_end_ids()
         self._sliced = False
+        self._pieces = _piece_cache_ok(self)
         # Compiled by the first `register`, so a variant opened first compiles once.
 
     # -------------------------------------------------------------- vocabulary
@@ -137,7 +154,7 @@ class OvModel:
         return frozenset(ids)
 
     def text_stream(self) -> TextStream:
-        return TextStream(self.detokenize)
+        return TextStream(self.detokenize, self._pieces)
 
     # -------------------------------------------------------------- adapters
 
@@ -207,12 +224,19 @@ class OvModel:
         if params:
             model.add_parameters(params)
         model.validate_nodes_and_infer_types()
-        config = dict(COMPILE_CONFIG, INFERENCE_NUM_THREADS=str(self.n_threads))
+        config = compile_config(self.compute, self.n_threads)
         try:
             self.compiled = self.core.compile_model(model, "CPU", config)
         except RuntimeError as exc:
             raise EngineError("OpenVINO could not compile the model",
                               details=(str(exc).strip()[-400:],)) from None
+        got = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        wanted = config["INFERENCE_PRECISION_HINT"]
+        if _PRECISION_TYPES[wanted] not in got:
+            self.compiled = None
+            raise RefusedError(f"this CPU computes {got} where the {self.profile_name} profile "
+                               f"names {wanted}; rebuild it with `variant-studio model "
+                               "openvino-default`")
         self.node_index = {node: i for i, node in enumerate(sorted(self.registered))}
         self.builds += 1
 
@@ -234,8 +258,18 @@ class OvModel:
         return OvContext(self, tuple(zip(loaded, (a.scale for a, _ in adapters),
                                          strict=True)), n_ctx)
 
+    @property
+    def profile_name(self) -> str:
+        return self.compute.name if self.compute else "exact"
+
     def details(self) -> dict[str, Any]:
-        return {"adapters_loaded": sorted(self.adapters), "pipeline_builds": self.builds,
+        compiled = {}
+        if self.compiled is not None:
+            compiled = {k: str(self.compiled.get_property(k)) for k in (
+                "INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")}
+        return {"profile": self.compute.label() if self.compute else "exact (f16 @ f32)",
+                "compiled": compiled,
+                "adapters_loaded": sorted(self.adapters), "pipeline_builds": self.builds,
                 "lora_layers": len(self.registered),
                 "adapters_registered": [{"name": a.name, "sha256": sha,
                                          "attached_tensors": a.plan.attached_tensors,
@@ -274,6 +308,11 @@ class OvContext:
         self.tokens: list[int] = []
         self.reused = 0  # every prompt is decoded whole (see `prefill`)
         self._beam = np.zeros(1, np.int32)
+        # The one-token step's inputs, bound by `step` and updated in place.
+        self._ids = np.zeros((1, 1), np.int64)
+        self._position = np.zeros((1, 1), np.int64)
+        self._ones = np.ones((1, 256), np.int64)  # attention masks are views of it
+        self._zero = np.zeros(1, np.int64)
 
     @property
     def kv_capacity(self) -> int:
@@ -303,7 +342,12 @@ class OvContext:
         if self.model._sliced:
             inputs[LOGITS_FROM] = np.asarray([logits_from], np.int64)
         request = self.request
-        request.start_async(inputs)
+        # Bound as new tensors (copies), never through `start_async(inputs)`: after
+        # `step` bound views of its own buffers, OpenVINO's input dispatcher would try to
+        # reshape those in place and fails ("Could set new shape") on a longer input.
+        for name, value in inputs.items():
+            request.set_tensor(name, ov.Tensor(value))
+        request.start_async()
         while not request.wait_for(POLL_MS):
             if self.cancelled():
                 request.cancel()
@@ -341,7 +385,36 @@ class OvContext:
         yield self.prefill(prompt, reserve)
 
     def step(self, token: int) -> np.ndarray:
-        return self._run([token], 0)[-1]
+        """One token: the inputs are bound as views of buffers kept by the session (no
+        per-token dict, no copy by OpenVINO's input dispatcher), and it infers on this
+        thread: a single token is short, and handing it to OpenVINO's executor and
+        waiting for it cost more than the inference on a busy 2-core machine."""
+        past = len(self.tokens)
+        if past + 1 > self.n_ctx:
+            raise EngineError(f"context full: {past + 1} tokens do not fit in "
+                              f"n_ctx={self.n_ctx}")
+        if self.cancelled():
+            raise Cancelled("cancelled")
+        if self._ones.shape[1] < past + 1:
+            self._ones = np.ones((1, max(2 * self._ones.shape[1], past + 1)), np.int64)
+        self._ids[0, 0] = token
+        self._position[0, 0] = past
+        # OpenVINO's input dispatcher (`_run`) may copy into a bound tensor of the same
+        # shape, so the constant inputs are written every step too.
+        self._beam[0] = 0
+        self._zero[0] = 0
+        request = self.request
+        request.set_tensor("input_ids", ov.Tensor(self._ids, shared_memory=True))
+        request.set_tensor("position_ids", ov.Tensor(self._position, shared_memory=True))
+        request.set_tensor("attention_mask",
+                           ov.Tensor(self._ones[:, :past + 1], shared_memory=True))
+        request.set_tensor("beam_idx", ov.Tensor(self._beam, shared_memory=True))
+        if self.model._sliced:
+            request.set_tensor(LOGITS_FROM, ov.Tensor(self._zero, shared_memory=True))
+        request.infer()
+        self.tokens.append(token)
+        # A copy: the next inference writes into the same output tensor.
+        return np.array(request.get_output_tensor(0).data[0, -1], dtype=np.float32)
 
     def score(self, prompt: list[int], continuation: list[int]) -> list[np.ndarray]:
         """Logits predicting each token of `continuation` after `prompt` (teacher forcing)."""
@@ -361,15 +434,28 @@ class TextStream:
     The detokenizer drops an incomplete UTF-8 sequence, so the decoded text grows only
     when a character is complete; decoding from a few tokens back keeps tokenizers
     that strip a leading space at the start of a sequence from losing it.
+
+    `piece` (optional) gives a token's own text when decoding it alone is known to give
+    what it adds in context (None otherwise): then, with nothing pending, a token costs
+    a dictionary look-up instead of two runs of the detokenizer model. `OvModel` offers
+    it only when streaming a sample text both ways gives the same text (`_piece_cache_ok`).
     """
 
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+    def __init__(self, decode: Callable[[list[int]], str],
+                 piece: Callable[[int], str | None] | None = None) -> None:
         self.decode = decode
+        self.piece = piece
         self.ids: list[int] = []
         self.prefix = 0
         self.read = 0
 
     def feed(self, token: int) -> str:
+        if self.piece is not None and self.read == len(self.ids):
+            text = self.piece(token)
+            if text is not None:
+                self.ids.append(token)
+                self.prefix, self.read = len(self.ids) - 1, len(self.ids)
+                return text
         self.ids.append(token)
         before = self.decode(self.ids[self.prefix:self.read])
         after = self.decode(self.ids[self.prefix:])
@@ -383,6 +469,39 @@ class TextStream:
         after = self.decode(self.ids[self.prefix:])
         self.prefix = self.read = len(self.ids)
         return after[len(before):] if after.startswith(before) else ""
+
+
+_PIECE_SAMPLE = ("Hello, world! It's a test: 1 + 2 = 3.\n  Indented \"quotes\" (and) "
+                 "[brackets] über café 🌊 end . , ? x\tTab  double  spaces")
+
+
+class PieceCache:
+    """Each token's text decoded alone, once (None: not a whole, plain piece)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.known: dict[int, str | None] = {}
+
+    def __call__(self, token: int) -> str | None:
+        if token not in self.known:
+            text = self.decode([token])
+            self.known[token] = text if text and "\ufffd" not in text else None
+        return self.known[token]
+
+
+def _piece_cache_ok(model: OvModel) -> PieceCache | None:
+    """A piece cache for this tokenizer, if streaming with it gives the same text.
+
+    Checked on a sample with spaces, punctuation, accents and an emoji: a detokenizer
+    that strips leading spaces or cleans up spaces before punctuation fails it, and
+    then every token is decoded in its window as before.
+    """
+    tokens = model.tokenize(_PIECE_SAMPLE, add_special=False)
+    cache = PieceCache(model.detokenize)
+    fast, slow = TextStream(model.detokenize, cache), TextStream(model.detokenize)
+    fast_text = "".join(fast.feed(t) for t in tokens) + fast.finish()
+    slow_text = "".join(slow.feed(t) for t in tokens) + slow.finish()
+    return cache if fast_text == slow_text == model.detokenize(tokens) else None
 
 
 def _slice_logits(model: Any) -> bool:
@@ -410,7 +529,21 @@ def _slice_logits(model: Any) -> bool:
     return True
 
 
-def load_base(path: str, sha256: str, n_threads: int) -> OvModel:
+def compile_config(compute: ComputeProfile | None, n_threads: int) -> dict[str, Any]:
+    """OpenVINO's compile settings for a profile (None or `exact`: COMPILE_CONFIG)."""
+    config = dict(COMPILE_CONFIG, INFERENCE_NUM_THREADS=str(n_threads))
+    if compute is not None and compute.name != "exact":
+        config["INFERENCE_PRECISION_HINT"] = compute.precision
+        config["KV_CACHE_PRECISION"] = compute.kv_cache
+        if compute.precision == "bf16" and n_threads == 1:
+            # OpenVINO 2026.4's CPU plugin dies with SIGFPE at bf16 on one thread
+            # (docs/notes.md); the thread count changes no result we report.
+            config["INFERENCE_NUM_THREADS"] = "2"
+    return config
+
+
+def load_base(path: str, sha256: str, n_threads: int,
+              compute: ComputeProfile | None = None) -> OvModel:
     """Load an OpenVINO base: an IR folder, or a GGUF converted once into the cache."""
     from engine.runtime.openvino import build as openvino_build
 
@@ -419,5 +552,5 @@ def load_base(path: str, sha256: str, n_threads: int) -> OvModel:
     info = inspect_path(folder)
     if not isinstance(info, BaseModelInfo):
         raise RefusedError(f"{source.name}: not a base model")
-    return OvModel(str(folder), sha256, info, n_threads)
+    return OvModel(str(folder), sha256, info, n_threads, compute)
 

@@ -15,6 +15,8 @@ with no model hub:
    and `generation_config.json` are written from the GGUF's metadata;
 5. publish: the folder is renamed into the cache in one step, under a file lock, so a
    crash or a second process never leaves a half-built model behind.
+6. compress: the weight-compressed profiles (int4 `fast`, int8 `fast-int8`) are made
+   from that IR with NNCF, each cached under its own key (`compress.py`).
 
 The build cache lives in `<data>/cache/openvino` unless `VARIANT_STUDIO_OPENVINO_CACHE`
 names another directory (tests share one per session). Only the engine process runs
@@ -31,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from dataclasses import field as dataclass_field
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -113,6 +116,8 @@ class BuildResult:
     seconds: float
     built: bool  # False when the build was found in the cache
     naming: NamingReport
+    # The compressed profiles (`compress.ProfileBuild.to_dict()`), by profile name.
+    profiles: dict[str, Any] = dataclass_field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,10 +130,28 @@ class BuildResult:
 
 
 def cached_build(source_sha256: str) -> BuildResult | None:
-    """A finished build of this source in the cache, or None (no OpenVINO needed).
+    """A finished build of this source in the cache, its compressed profiles included,
+    or None (no OpenVINO needed).
 
     Only reads: listing a fresh catalog asks this and must leave the disk as it was.
     """
+    from engine.runtime.openvino import compress
+
+    exact = _cached_exact(source_sha256)
+    if exact is None:
+        return None
+    root = cache_root(create=False)
+    profiles = {}
+    for name in compress.COMPRESSED:
+        found = compress.cached_profile(root, source_sha256, name, exact.openvino_version)
+        if found is None:
+            return None
+        profiles[name] = found.to_dict()
+    return BuildResult(**{**asdict(exact), "naming": exact.naming, "profiles": profiles})
+
+
+def _cached_exact(source_sha256: str) -> BuildResult | None:
+    """The finished F16 build (the exact profile) of this source in the cache, or None."""
     folder = cache_root(create=False) / build_key(source_sha256)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
@@ -147,8 +170,9 @@ def cached_build(source_sha256: str) -> BuildResult | None:
 
 def build_from_gguf(source: Path, progress: Progress | None = None,
                     cancelled: CancelCheck | None = None) -> BuildResult:
-    """Build (or find in the cache) the named OpenVINO IR of a llama-family GGUF."""
-    import filelock
+    """Build (or find in the cache) the named OpenVINO IR of a llama-family GGUF, and
+    its compressed profiles."""
+    from engine.runtime.openvino import compress
 
     report = progress or (lambda stage, fraction: None)
     stop = cancelled or (lambda: False)
@@ -156,13 +180,24 @@ def build_from_gguf(source: Path, progress: Progress | None = None,
     report("verifying source", 0.0)
     source_sha = digest.content_digest(source, lambda d, t: report("verifying source",
                                                                      d / max(t, 1)), stop)
-    hit = cached_build(source_sha)
-    if hit is not None:
-        return hit
     root = cache_root()
+    result = _cached_exact(source_sha) or _build_exact(source, source_sha, root, report,
+                                                       stop)
+    profiles = compress.ensure_profiles(root, source, source_sha, Path(result.folder),
+                                        result.openvino_version, report, stop)
+    report("done", 1.0)
+    return BuildResult(**{**asdict(result), "naming": result.naming,
+                          "profiles": {k: v.to_dict() for k, v in profiles.items()}})
+
+
+def _build_exact(source: Path, source_sha: str, root: Path, report: Progress,
+                 stop: CancelCheck) -> BuildResult:
+    """Build the F16 IR (the exact profile) into the cache, under its file lock."""
+    import filelock
+
     key = build_key(source_sha)
     with filelock.FileLock(str(root / f".{key}.lock")):
-        hit = cached_build(source_sha)  # another process may have built it meanwhile
+        hit = _cached_exact(source_sha)  # another process may have built it meanwhile
         if hit is not None:
             return hit
         started = time.monotonic()
@@ -181,7 +216,6 @@ def build_from_gguf(source: Path, progress: Progress | None = None,
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    report("done", 1.0)
     return result
 
 
