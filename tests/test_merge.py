@@ -203,8 +203,11 @@ def home(module_home: Path) -> Path:
 
 def test_bad_input_is_refused_in_one_line_and_changes_nothing(
         home: Path, capsys: pytest.CaptureFixture) -> None:
+    (home / "models" / "someones").mkdir(parents=True)  # a store folder with no record
     before = store_state()
     cases = [
+        (["merge", VARIANT, "--out", "someones", "--type", "q8_0"], 3,
+         "already exists without a catalog record"),
         (["merge", "nope", "--out", "m1", "--type", "q8_0"], 4, "no model, adapter"),
         (["merge", BASE, "--out", "m1", "--type", "q8_0"], 2, "is a base model"),
         (["merge", demo.ADAPTER_NAME, "--out", "m1", "--type", "q8_0"], 2, "is an adapter"),
@@ -222,6 +225,8 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(
         assert out == "" and err.startswith("error: ") and err.count("\n") == 1, (argv, err)
         assert words in err, (argv, err)
         assert store_state() == before, argv
+    assert (home / "models" / "someones").is_dir()  # named, never removed
+    (home / "models" / "someones").rmdir()
 
 
 def test_every_merge_option_has_help_and_docs() -> None:

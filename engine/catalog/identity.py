@@ -79,6 +79,12 @@ class ContextConfig:
             raise ValueError(f"batch size {self.n_batch} out of range")
 
 
+# The OpenVINO profiles a base built by us is served with (docs/formats.md, "Profiles"),
+# and the one serving takes unless told otherwise. The one list every room uses.
+OPENVINO_PROFILES = ("fast", "fast-int8", "exact")
+DEFAULT_OPENVINO_PROFILE = "fast"
+
+
 @dataclass(frozen=True)
 class ComputeProfile:
     """How an OpenVINO base computes: its named profile, weights and precisions."""

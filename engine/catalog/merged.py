@@ -100,11 +100,6 @@ def source(catalog: Catalog, name: str) -> MergeSource:
                        resolve.profile(catalog, name), spec)
 
 
-def check_target(catalog: Catalog, name: str) -> None:
-    """The merged model's name must be valid and free, its store folder absent."""
-    catalog.check_store_free(name)
-
-
 def staging_dir() -> Path:
     """A fresh staging folder in the store (renamed into place when accepted)."""
     return Path(tempfile.mkdtemp(prefix=".merge-", dir=store_root()))

@@ -14,6 +14,8 @@ from typing import Any
 
 from engine.catalog import signatures
 from engine.catalog.identity import (
+    DEFAULT_OPENVINO_PROFILE,
+    OPENVINO_PROFILES,
     AdapterRef,
     ComputeProfile,
     ContextConfig,
@@ -165,9 +167,6 @@ def identity(catalog: Catalog, name: str, n_ctx: int | None = None,
                              n_ctx or int(record["profile"].get("n_ctx", 4096)), ov_profile)
 
 
-OV_PROFILES = ("fast", "fast-int8", "exact")
-
-
 def compute_profile(base: dict[str, Any], ov_profile: str | None = None
                     ) -> ComputeProfile | None:
     """The OpenVINO profile a base is served with: `ov_profile`, else its default.
@@ -177,9 +176,9 @@ def compute_profile(base: dict[str, Any], ov_profile: str | None = None
     the named profile's IR folder. Other bases have no profiles (None): they compute as
     `exact` does, and asking them for a compressed profile is refused.
     """
-    if ov_profile is not None and ov_profile not in OV_PROFILES:
+    if ov_profile is not None and ov_profile not in OPENVINO_PROFILES:
         raise UsageError(f"unknown OpenVINO profile {ov_profile!r} "
-                         f"({', '.join(OV_PROFILES)})")
+                         f"({', '.join(OPENVINO_PROFILES)})")
     profiles = base.get("profiles")
     if base.get("backend") != "openvino":
         return None
@@ -188,7 +187,7 @@ def compute_profile(base: dict[str, Any], ov_profile: str | None = None
             raise RefusedError(f"{base['name']} has no {ov_profile} profile (only the "
                                "OpenVINO default is built with compressed weights)")
         return None
-    name = ov_profile or base.get("default_profile") or "fast"
+    name = ov_profile or base.get("default_profile") or DEFAULT_OPENVINO_PROFILE
     if name not in profiles:
         raise RefusedError(f"{base['name']} has no {name} profile; run `variant-studio "
                            "model openvino-default` to build it")

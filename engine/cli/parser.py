@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from engine import __version__
-from engine.catalog.resolve import OV_PROFILES
+from engine.catalog.identity import OPENVINO_PROFILES
 from engine.catalog.store import BACKENDS
 from engine.errors import UsageError
 
@@ -55,14 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--backend", choices=BACKENDS,
                      help=f"serve on this backend, {BACKEND_HELP} (a variant needs adapter "
                           "files for it)")
-    gen.add_argument("--profile", choices=OV_PROFILES, help=PROFILE_HELP)
+    gen.add_argument("--profile", choices=OPENVINO_PROFILES, help=PROFILE_HELP)
     cmp_ = sub.add_parser("compare", help="base and variant side by side")
     cmp_.add_argument("name", metavar="VARIANT", help="the variant to compare with its base")
     _generation_flags(cmp_)
     cmp_.add_argument("--backend", choices=BACKENDS,
                       help=f"serve on this backend, {BACKEND_HELP} (the variant needs "
                            "adapter files for it)")
-    cmp_.add_argument("--profile", choices=OV_PROFILES, help=PROFILE_HELP)
+    cmp_.add_argument("--profile", choices=OPENVINO_PROFILES, help=PROFILE_HELP)
     par = sub.add_parser("parity", help="the same model or variant on llama.cpp and OpenVINO: "
                          "greedy agreement and next-token distributions")
     par.add_argument("name", help="a base model or variant of the embedded model")
@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--tokens", type=int, default=8, help="greedy tokens per prompt (1..256)")
     par.add_argument("--genai", action="store_true", help="also run OpenVINO GenAI's own "
                      "MODE_DYNAMIC LoRA and report what it prints")
-    par.add_argument("--profile", choices=OV_PROFILES, default="exact",
+    par.add_argument("--profile", choices=OPENVINO_PROFILES, default="exact",
                      help="the OpenVINO side's profile (default: exact, F16 weights at f32)")
     par.add_argument("--json", action="store_true", help="print the whole report as JSON")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import digest, imports
+from engine.catalog.identity import DEFAULT_OPENVINO_PROFILE, OPENVINO_PROFILES
 from engine.catalog.resolve import counterpart
 from engine.catalog.store import Catalog
 from engine.curated import demo, embedded
@@ -29,9 +30,6 @@ from engine.errors import RefusedError, StudioError, UnknownNameError, UsageErro
 from engine.runtime.openvino import build as openvino_build
 
 NAME = openvino_build.DEFAULT_OPENVINO_MODEL_NAME
-# Its profiles (docs/formats.md, "Profiles"): serving takes `fast` unless told otherwise.
-PROFILES = ("fast", "fast-int8", "exact")
-DEFAULT_PROFILE = "fast"
 BUILD_COMMAND = "variant-studio model openvino-default"
 Progress = Callable[[str, float], None]
 Builder = Callable[[Progress | None], dict[str, Any]]
@@ -145,7 +143,7 @@ def _ensure_record(catalog: Catalog, builder: Builder | None,
     llama_name = _llama_default(catalog, source_sha)
     extra = {
         "profiles": None,  # filled in below, once the exact profile's digest is known
-        "default_profile": DEFAULT_PROFILE,
+        "default_profile": DEFAULT_OPENVINO_PROFILE,
         "built_from": {"path": result.source_path, "sha256": result.source_sha256,
                        "model": llama_name, "recipe": result.recipe,
                        "openvino_genai": result.openvino_version,
@@ -188,7 +186,7 @@ def profile_records(result: openvino_build.BuildResult, exact: dict[str, Any]
 def _profiles_present(record: dict[str, Any]) -> bool:
     profiles = record.get("profiles") or {}
     return all(name in profiles and Path(profiles[name]["path"]).is_dir()
-               for name in PROFILES)
+               for name in OPENVINO_PROFILES)
 
 
 def _add_profiles(catalog: Catalog, record: dict[str, Any], builder: Builder | None,
@@ -204,7 +202,7 @@ def _add_profiles(catalog: Catalog, record: dict[str, Any], builder: Builder | N
         stored = data["models"].get(NAME)
         if stored is not None:
             stored["profiles"] = profiles
-            stored.setdefault("default_profile", DEFAULT_PROFILE)
+            stored.setdefault("default_profile", DEFAULT_OPENVINO_PROFILE)
         return data
 
     catalog.state.update(update)

@@ -3,7 +3,7 @@
 `merge_variant` is what `variant-studio merge` runs:
 
 1. the variant is resolved and its files verified (`catalog.merged.source`), the new
-   name checked (`check_target`), the type checked (`formats.merge.check_type`);
+   name checked (`Catalog.check_store_free`), the type checked (`formats.merge.check_type`);
    nothing is written before all three pass;
 2. in a merge worker process (`runtime.merge_work`): the merge is written into a
    staging folder of `<data>/models/` and quantized by llama.cpp, and its adapted
@@ -186,7 +186,7 @@ def merge_variant(catalog: Catalog, variant: str, name: str, type_: str, eval_se
     below the survival threshold unless `allow_erased`; nothing is added then."""
     type_ = merge.check_type(type_)
     src = catalog_merged.source(catalog, variant)
-    catalog_merged.check_target(catalog, name)
+    catalog.check_store_free(name)
     staging = catalog_merged.staging_dir()
     try:
         out = staging / f"{name}.gguf"
@@ -197,7 +197,7 @@ def merge_variant(catalog: Catalog, variant: str, name: str, type_: str, eval_se
         report["erased"] = erased
         if erased and not allow_erased:
             raise MergeRefused(report)
-        catalog_merged.check_target(catalog, name)  # again: the catalog may have changed
+        catalog.check_store_free(name)  # again: the catalog may have changed
         record = catalog_merged.add_merged(catalog, name, staging, out,
                                            catalog_merged.merged_from(src, report, erased))
     except BaseException:

@@ -25,7 +25,8 @@ precision OpenVINO actually compiled is read back and must be the one the identi
 names, so an identity never describes numbers this CPU did not compute.
 
 The per-token loop (`step`) is kept short (docs/performance.md, "Our loop"): its input
-tensors are bound once and updated in place, it infers synchronously on the engine
+tensors are views of buffers the session keeps, written in place and bound each step
+(no per-token arrays or dicts), it infers synchronously on the engine
 thread (no hand-off to OpenVINO's executor and back), and text pieces come from a
 per-token cache where the tokenizer allows it (`TextStream`).
 """

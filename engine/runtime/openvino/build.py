@@ -87,9 +87,13 @@ def cache_root(create: bool = True) -> Path:
     return root
 
 
+def version_token(version: str, length: int) -> str:
+    """A version string as it may stand in a cache folder's name."""
+    return re.sub(r"[^0-9A-Za-z.]", "_", version)[:length]
+
+
 def build_key(source_sha256: str) -> str:
-    version = re.sub(r"[^0-9A-Za-z.]", "_", openvino_version())[:40]
-    return f"{source_sha256[:16]}-{RECIPE}-ov{version}"
+    return f"{source_sha256[:16]}-{RECIPE}-ov{version_token(openvino_version(), 40)}"
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ import numpy as np
 
 from engine.errors import Cancelled, EngineError, RefusedError
 from engine.formats import gguf_file
+from engine.runtime.openvino.build import version_token
 from engine.state.statefile import write_json_atomic
 
 Progress = Callable[[str, float], None]
@@ -56,8 +57,6 @@ FAST = "fast"
 FAST_INT8 = "fast-int8"
 # Profile name -> (weights, recipe). The exact profile is the F16 build itself.
 COMPRESSED = {FAST: ("int4", "int4-q4_1-g32-v1"), FAST_INT8: ("int8", "int8-asym-v1")}
-PROFILE_NAMES = (FAST, FAST_INT8, EXACT)
-DEFAULT_PROFILE = FAST
 # What each profile computes at (the exact profile is today's parity setting). The fast
 # profiles take the CPU's preferred precision when it is f32 or bf16 (`cpu_precision`),
 # a f16 KV cache (half the memory, no measurable change: docs/performance.md) and no
@@ -87,8 +86,8 @@ def nncf_version() -> str:
 
 def profile_key(source_sha256: str, profile: str, openvino_version: str) -> str:
     weights, recipe = COMPRESSED[profile]
-    ov = re.sub(r"[^0-9A-Za-z.]", "_", openvino_version)[:40]
-    nncf = re.sub(r"[^0-9A-Za-z.]", "_", nncf_version())[:20]
+    ov = version_token(openvino_version, 40)
+    nncf = version_token(nncf_version(), 20)
     return f"{source_sha256[:16]}-{recipe}-ov{ov}-nncf{nncf}"
 
 
