@@ -173,3 +173,153 @@ def test_config_schedule_and_round_trip() -> None:
     rates = [config.lr_at(s) for s in range(20)]
     assert rates[0] < rates[1] < rates[2] == 1e-3 and rates[-1] < rates[2] and rates[-1] > 0
     assert TrainConfig.from_dict(config.to_dict()) == config
+
+
+# ---------------------------------------------------------------------------- token lines
+
+
+def test_token_lines_are_checked_with_line_numbers(tmp_path: Path) -> None:
+    n_vocab = 49152
+    path = write_lines(tmp_path / "ids.jsonl", [
+        {"tokens": [1, 2, 3], "mask": [0, 1, 1]},
+        {"tokens": [1, 2.0]},
+        {"tokens": [1, True]},
+        {"tokens": [1, 49200]},
+        {"tokens": [1, 2], "mask": [0]},
+        {"tokens": [1, 2], "mask": [0, 2]},
+        {"tokens": [1, 2], "mask": [0, True]},
+        {"tokens": [1, 2], "mask": [1, 1]},
+        {"tokens": [1, 2], "mask": [0, 0]},
+        {"tokens": [1, 2], "text": "x"},
+        {"mask": [0, 1]},
+        {"tokens": []},
+        {"tokens": [5]},
+        {"tokens": [-1, 3]},
+        {"tokens": [1, 2], "weight": 0.5, "id": "r1", "meta": {"k": 1}, "source": "rollout"},
+        {"tokens": "1 2"},
+        {"tokens": [1, 2], "mask": [0, 1.0]},
+        {"tokens": [7, 8], "mask": "01"},
+    ])
+    with pytest.raises(data_mod.DataError) as caught:
+        data_mod.read_records(path, dpo=False, n_vocab=n_vocab)
+    expected = {
+        2: "token 2.0 (index 1) is not a whole-number token id",
+        3: "token True (index 1) is not a whole-number token id",
+        4: "token 49200 (index 1) is outside the base's vocabulary (0..49151)",
+        5: "mask has 1 values for 2 tokens",
+        6: "mask value 2 (index 1) is not 0 or 1",
+        7: "mask value True (index 1) is not 0 or 1",
+        8: "mask[0] is 1, but the first token cannot be trained",
+        9: "mask trains no token",
+        10: "a token line has tokens and optionally mask, nothing else; got text, tokens",
+        11: "a token line has tokens and optionally mask, nothing else; got mask",
+        12: "tokens must be a non-empty list of token ids",
+        13: "a single token has nothing to train",
+        14: "token -1 (index 0) is outside the base's vocabulary (0..49151)",
+        16: "tokens must be a non-empty list of token ids",
+        17: "mask value 1.0 (index 1) is not 0 or 1",
+        18: "mask must be a list of 0 and 1, got str",
+    }
+    details = {int(d.split(":")[0].removeprefix("line ")): d for d in caught.value.details}
+    assert set(details) == set(expected)
+    for line, reason in expected.items():
+        assert details[line].startswith(f"line {line}: {reason}"), details[line]
+    assert caught.value.message.startswith(f"ids.jsonl: {len(expected)} malformed lines")
+    assert caught.value.message.endswith(f"; and {len(expected) - 8} more")
+
+    good = write_lines(tmp_path / "good.jsonl", [
+        {"tokens": [1, 2, 3], "mask": [0, 0, 1]},
+        {"tokens": [49151, 0], "weight": -2, "id": "x"}])
+    records, _ = data_mod.read_records(good, dpo=False, n_vocab=n_vocab)
+    assert [(r.kind, r.tokens, r.mask, r.weight) for r in records] == [
+        ("tokens", (1, 2, 3), (False, False, True), 1.0),
+        ("tokens", (49151, 0), None, -2.0)]
+    # Preference training takes no token lines, and says why.
+    with pytest.raises(data_mod.DataError,
+                       match="line 1: token lines cannot be trained with --dpo"):
+        data_mod.read_records(good, dpo=True, n_vocab=n_vocab)
+
+
+def test_token_ids_out_of_the_bases_vocabulary_are_reported_with_the_rest(
+        tmp_path: Path, tokenizer: Tokenizer) -> None:
+    top = tokenizer.n_vocab
+    path = write_lines(tmp_path / "ids.jsonl", [
+        {"prompt": "p", "complettion": "typo"},
+        {"tokens": [1, top], "mask": [0, 1]},
+        {"tokens": [1, top - 1], "mask": [0, 1]},
+    ])
+    with pytest.raises(data_mod.DataError) as caught:
+        data_mod.load(path, tokenizer, 64, False, False, steps=1, batch=1)
+    # One error for both lines: the vocabulary is checked with the line checks.
+    assert [d.split(":")[0] for d in caught.value.details] == ["line 1", "line 2"]
+    assert caught.value.details[1] == (f"line 2: token {top} (index 1) is outside the "
+                                       f"base's vocabulary (0..{top - 1})")
+    # encode checks them too, for records read without the vocabulary size.
+    records, _ = data_mod.read_records(write_lines(tmp_path / "one.jsonl", [
+        {"tokens": [1, top + 5]}]), dpo=False)
+    with pytest.raises(data_mod.DataError, match=f"line 1: token {top + 5} \\(index 1\\) "
+                                                 "is outside the base's vocabulary"):
+        data_mod.encode(records, tokenizer, 64, False)
+
+
+def test_token_lines_train_exactly_the_ids_and_mask_given(
+        tmp_path: Path, tokenizer: Tokenizer) -> None:
+    pair_file = write_lines(tmp_path / "pair.jsonl", [
+        {"prompt": "The capital of France is", "completion": " Paris."}])
+    pair = data_mod.load(pair_file, tokenizer, 256, True, False, 1, 1).examples[0].sequences[0]
+    rollout = {"tokens": list(pair.tokens), "mask": [int(m) for m in pair.targets]}
+    path = write_lines(tmp_path / "d.jsonl", [
+        {"prompt": "The capital of France is", "completion": " Paris."},
+        rollout,
+        {"tokens": list(pair.tokens)},
+    ])
+    for eot in (False, True):
+        ds = data_mod.load(path, tokenizer, 256, eot, False, steps=10, batch=2)
+        from_pair, from_ids, maskless = (e.sequences[0] for e in ds.examples)
+        # The ids go in untouched: no BOS added, no end-of-turn appended with --train-eot.
+        assert from_ids == pair
+        assert (from_pair == pair) is eot
+        assert maskless.tokens == pair.tokens
+        assert not maskless.targets[0] and all(maskless.targets[1:])
+        assert ds.kinds == ("pair", "tokens")
+        assert ds.summary()["kinds"] == ["pair", "tokens"]
+        assert ds.summary()["target_tokens"] == (from_pair.n_targets + pair.n_targets
+                                                 + len(pair.tokens) - 1)
+        eot_warnings = [w for w in ds.warnings if "--train-eot" in w]
+        assert eot_warnings == ([
+            "--train-eot does not apply to the 2 token lines: their mask says exactly "
+            "which ids are trained"] if eot else [])
+    assert trained_text(tokenizer, pair) == " Paris.<|im_end|>"
+
+
+def test_token_lines_are_truncated_like_the_others(tmp_path: Path,
+                                                   tokenizer: Tokenizer) -> None:
+    ids = list(range(100, 140))
+    path = write_lines(tmp_path / "d.jsonl", [
+        {"tokens": ids, "mask": [0] * 4 + [1] * 36},
+        {"tokens": [7, 8, 9]},
+    ])
+    ds = data_mod.load(path, tokenizer, 16, False, False, steps=1, batch=1)
+    cut, whole = ds.examples
+    assert cut.truncated and cut.sequences[0].tokens == tuple(ids[:16])
+    assert cut.sequences[0].targets == (False,) * 4 + (True,) * 12
+    assert not whole.truncated and whole.sequences[0].targets == (False, True, True)
+    assert any("1 example was truncated to seq-len 16" in w for w in ds.warnings)
+    late = write_lines(tmp_path / "late.jsonl", [
+        {"tokens": ids, "mask": [0] * 30 + [1] * 10}])
+    with pytest.raises(data_mod.DataError, match="line 1: nothing left to train after "
+                                                 "truncating to seq-len 16"):
+        data_mod.load(late, tokenizer, 16, False, False, steps=1, batch=1)
+
+
+def test_score_sets_refuse_token_lines(tmp_path: Path) -> None:
+    from engine.training import score_sets
+
+    path = write_lines(tmp_path / "s.jsonl", [
+        {"text": "fine"}, {"tokens": [1, 2, 3]}, {"prompt": "p", "completion": " c"},
+        {"tokens": [4, 5], "mask": [0, 1]}])
+    with pytest.raises(data_mod.DataError) as caught:
+        score_sets.read_set(path)
+    assert caught.value.message.startswith("s.jsonl: 2 lines cannot be scored: line 2: "
+                                           "token lines cannot be scored")
+    assert [d.split(":")[0] for d in caught.value.details] == ["line 2", "line 4"]

@@ -7,13 +7,18 @@ Accepted lines (one JSON object each; blank lines are skipped):
 - `{"prompt": ..., "completion": ...}`: raw text; the prompt is masked from the loss.
 - `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered with the model's
   chat template exactly as serving renders it; assistant turns are trained.
+- `{"tokens": [id, ...], "mask": [0 | 1, ...]}`: the token ids themselves (a served
+  answer or an RL rollout, trained on exactly the ids that were sampled, never
+  re-tokenized); 1 marks a trained position, `mask` left out trains every token but
+  the first. The ids are checked against the base's vocabulary.
 - Preference pairs for DPO: `{"prompt": ... | "messages": [...], "chosen": ...,
   "rejected": ...}`.
 
 Every line may carry `"weight"` (a finite number, negative allowed, default 1) and
 the bookkeeping keys `id`, `meta`, `source`. Anything else is refused, with the line
 number, so a typo never trains silently on the wrong field. With `train_eot` the
-end-of-turn token after each trained answer is a target too, so answers learn to stop.
+end-of-turn token after each trained answer is a target too, so answers learn to stop;
+token lines are left as their mask says (their ids are exact; a warning says so).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from engine.formats.templates import ROLES, Message, TemplateError
 MAX_DATA_BYTES = 1 << 30
 MAX_REPORTED = 8
 EXTRA_KEYS = frozenset({"id", "meta", "source"})
+TOKEN_KEYS = frozenset({"tokens", "mask"})
 # The memorisation warning: fewer examples than this, or more passes than this.
 SMALL_EXAMPLES = 32
 MANY_EPOCHS = 8.0
@@ -46,7 +52,7 @@ class Record:
     """One checked line, before tokenization."""
 
     line: int
-    kind: str  # text | pair | chat | preference
+    kind: str  # text | pair | chat | preference | tokens
     weight: float
     text: str | None = None
     prompt: str | None = None
@@ -54,6 +60,8 @@ class Record:
     messages: tuple[Message, ...] = ()
     chosen: str | None = None
     rejected: str | None = None
+    tokens: tuple[int, ...] = ()
+    mask: tuple[bool, ...] | None = None  # None: every token but the first is trained
 
 
 @dataclass(frozen=True)
@@ -102,8 +110,12 @@ class DataSet:
 # ---------------------------------------------------------------------------- parsing
 
 
-def read_records(path: Path, dpo: bool) -> tuple[list[Record], str]:
-    """Parse and check every line; returns the records and the file's sha256."""
+def read_records(path: Path, dpo: bool, n_vocab: int | None = None
+                 ) -> tuple[list[Record], str]:
+    """Parse and check every line; returns the records and the file's sha256.
+
+    `n_vocab` is the base's vocabulary size: given, token lines' ids are checked against
+    it here, so a bad id is reported together with every other malformed line."""
     handle, st = open_regular(Path(path))
     with handle:
         if st.size > MAX_DATA_BYTES:
@@ -117,7 +129,7 @@ def read_records(path: Path, dpo: bool) -> tuple[list[Record], str]:
         if not line.strip():
             continue
         try:
-            records.append(_parse_line(line, number, dpo))
+            records.append(_parse_line(line, number, dpo, n_vocab))
         except DataError as exc:
             problems.append(exc.message)
     name = Path(path).name
@@ -132,7 +144,7 @@ def read_records(path: Path, dpo: bool) -> tuple[list[Record], str]:
     return records, sha
 
 
-def _parse_line(raw: bytes, number: int, dpo: bool) -> Record:
+def _parse_line(raw: bytes, number: int, dpo: bool, n_vocab: int | None) -> Record:
     def fail(reason: str) -> DataError:
         return DataError(f"line {number}: {reason}")
 
@@ -200,7 +212,13 @@ def _parse_line(raw: bytes, number: int, dpo: bool) -> Record:
         return Record(number, "preference", float(weight), messages=messages(False),
                       chosen=chosen, rejected=rejected)
     if dpo:
+        if keys & TOKEN_KEYS:
+            raise fail("token lines cannot be trained with --dpo: a preference line scores "
+                       "chosen and rejected answers after one prompt (prompt or messages, "
+                       "chosen, rejected)")
         raise fail("--dpo needs preference lines: prompt or messages, chosen, rejected")
+    if keys & TOKEN_KEYS:
+        return _token_record(value, keys, number, float(weight), n_vocab)
     if keys == {"text"}:
         return Record(number, "text", float(weight), text=text("text"))
     if keys == {"prompt", "completion"}:
@@ -209,7 +227,64 @@ def _parse_line(raw: bytes, number: int, dpo: bool) -> Record:
     if keys == {"messages"}:
         return Record(number, "chat", float(weight), messages=messages(True))
     found = ", ".join(sorted(keys)) or "nothing"
-    raise fail(f"expected text, prompt+completion, messages, or chosen+rejected; found {found}")
+    raise fail(f"expected text, prompt+completion, messages, tokens(+mask), or "
+               f"chosen+rejected; found {found}")
+
+
+def _token_record(value: dict[str, Any], keys: set[str], number: int, weight: float,
+                  n_vocab: int | None) -> Record:
+    """A `tokens` line: ids exactly as given, and which of them are trained."""
+
+    def fail(reason: str) -> DataError:
+        return DataError(f"line {number}: {reason}")
+
+    if not keys <= TOKEN_KEYS or "tokens" not in keys:
+        # Mixing is refused rather than guessed at: which of text and ids would be trained?
+        raise fail(f"a token line has tokens and optionally mask, nothing else; got "
+                   f"{', '.join(sorted(keys))}")
+    ids = value["tokens"]
+    if not isinstance(ids, list) or not ids:
+        raise fail("tokens must be a non-empty list of token ids")
+    for index, item in enumerate(ids):
+        # bool is an int subclass and 3.0 == 3: both would pass a looser check silently.
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise fail(f"token {item!r} (index {index}) is not a whole-number token id")
+    problem = vocab_problem(ids, n_vocab)
+    if problem:
+        raise fail(problem)
+    mask: tuple[bool, ...] | None = None
+    if "mask" in keys:
+        flags = value["mask"]
+        if not isinstance(flags, list):
+            raise fail(f"mask must be a list of 0 and 1, got {type(flags).__name__}")
+        if len(flags) != len(ids):
+            raise fail(f"mask has {len(flags)} values for {len(ids)} tokens")
+        for index, item in enumerate(flags):
+            if isinstance(item, bool) or not isinstance(item, int) or item not in (0, 1):
+                raise fail(f"mask value {item!r} (index {index}) is not 0 or 1")
+        if flags[0] == 1:
+            raise fail("mask[0] is 1, but the first token cannot be trained (nothing "
+                       "precedes it to predict it from)")
+        if 1 not in flags:
+            raise fail("mask trains no token (it has no 1)")
+        mask = tuple(item == 1 for item in flags)
+    elif len(ids) < 2:
+        raise fail("a single token has nothing to train (the first token cannot be "
+                   "trained)")
+    return Record(number, "tokens", weight, tokens=tuple(ids), mask=mask)
+
+
+def vocab_problem(ids: list[int] | tuple[int, ...], n_vocab: int | None) -> str | None:
+    """Why these ids are not all in the base's vocabulary (None: they are).
+
+    Negative ids are refused even when the vocabulary size is unknown."""
+    if min(ids) >= 0 and (n_vocab is None or max(ids) < n_vocab):
+        return None  # the common case, checked at C speed
+    index, bad = next((i, t) for i, t in enumerate(ids)
+                      if t < 0 or (n_vocab is not None and t >= n_vocab))
+    if n_vocab is None:
+        return f"token {bad} (index {index}) is negative"
+    return f"token {bad} (index {index}) is outside the base's vocabulary (0..{n_vocab - 1})"
 
 
 # ---------------------------------------------------------------------------- tokenizing
@@ -240,7 +315,16 @@ def _encode(record: Record, tok: Any, seq_len: int, train_eot: bool) -> Example:
         return DataError(f"line {record.line}: {reason}")
 
     pieces: list[list[tuple[list[int], bool]]]
-    if record.kind == "text":
+    if record.kind == "tokens":
+        # The ids are used as given: no BOS, no template, no --train-eot token.
+        problem = vocab_problem(record.tokens, tok.n_vocab)
+        if problem:
+            raise fail(problem)
+        if record.mask is None:
+            pieces = [[(list(record.tokens[:1]), False), (list(record.tokens[1:]), True)]]
+        else:
+            pieces = [[([t], m) for t, m in zip(record.tokens, record.mask, strict=True)]]
+    elif record.kind == "text":
         tokens = tok.prompt_tokens(record.text)
         pieces = [[(tokens[:1], False), (tokens[1:], True)]]
     elif record.kind == "pair":
@@ -332,14 +416,19 @@ def _chat(tok: Any, messages: list[Message], train_eot: bool, line: int
 
 def load(path: Path, tokenizer: Any, seq_len: int, train_eot: bool, dpo: bool,
          steps: int, batch: int) -> DataSet:
-    records, sha = read_records(path, dpo)
+    records, sha = read_records(path, dpo, tokenizer.n_vocab)
     examples = encode(records, tokenizer, seq_len, train_eot)
     kinds = tuple(sorted({r.kind for r in records}))
     systems = {r.messages[0].content if r.messages and r.messages[0].role == "system"
                else None for r in records}
     system = systems.pop() if len(systems) == 1 else None
-    return DataSet(str(path), sha, tuple(examples), kinds,
-                   tuple(warnings_for(examples, steps, batch, seq_len)), system)
+    warnings = warnings_for(examples, steps, batch, seq_len)
+    exact = sum(r.kind == "tokens" for r in records)
+    if train_eot and exact:
+        warnings.append(f"--train-eot does not apply to the {exact} token line"
+                        f"{'s' if exact != 1 else ''}: {'their' if exact != 1 else 'its'} "
+                        "mask says exactly which ids are trained")
+    return DataSet(str(path), sha, tuple(examples), kinds, tuple(warnings), system)
 
 
 def warnings_for(examples: list[Example], steps: int, batch: int, seq_len: int) -> list[str]:

@@ -8,7 +8,8 @@ Two kinds of file (`engine.catalog.evaluation.format_of` decides by the name):
   token but the first; `{"prompt": ..., "completion": ...}` the completion only;
   `{"messages": [...]}` the last assistant turn only, after the messages before it
   rendered with the chat template as served. Weights and bookkeeping keys are ignored;
-  preference lines are refused.
+  preference lines and token lines (`{"tokens": [...]}`: a score is of text as served,
+  and token ids have no text to serve) are refused, with their line numbers.
 - Any other file is text: each non-empty line is one item, scored whole (its first token
   has nothing before it, so it is not scored). Lines, not the whole file, so a long file
   never overflows the context and each line gets its own figures.
@@ -68,6 +69,16 @@ def read_set(path: Path, fmt: str | None = None) -> ScoreSet:
     fmt = fmt or evaluation.format_of(path)
     if fmt == "jsonl":
         records, sha = data.read_records(path, dpo=False)
+        exact = [f"line {r.line}: token lines cannot be scored (a score set is text, "
+                 "scored as served); use text, prompt/completion or messages"
+                 for r in records if r.kind == "tokens"]
+        if exact:
+            more = len(exact) - data.MAX_REPORTED
+            raise data.DataError(f"{path.name}: {len(exact)} line"
+                                 f"{'s' if len(exact) != 1 else ''} cannot be scored: "
+                                 + "; ".join(exact[:data.MAX_REPORTED])
+                                 + (f"; and {more} more" if more > 0 else ""),
+                                 details=tuple(exact))
         items = tuple(_item(r) for r in records)
         return ScoreSet(str(path), sha, fmt, tuple(sorted({r.kind for r in records})), items)
     return _read_lines(path)
