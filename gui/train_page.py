@@ -63,7 +63,8 @@ class TrainPage(QWidget):
         self.hint.setWordWrap(True)
         self.base = QComboBox()
         self.data = QLineEdit()
-        self.data.setPlaceholderText("a JSONL file: text, prompt/completion, or messages")
+        self.data.setPlaceholderText("a JSONL file: text, prompt/completion, messages or "
+                                     "token ids")
         self.browse = QPushButton("Browse…")
         self.browse.clicked.connect(self._browse)
         data_row = QHBoxLayout()

@@ -135,6 +135,43 @@ def test_same_inputs_same_bytes_cancel_resume_and_provenance(
 
 
 @pytest.mark.slow
+def test_token_lines_train_exactly_the_ids_given(
+        studio_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+        embedded_path: Path, base_info) -> None:
+    from engine.training import data as data_mod
+    from engine.training.tokenizer import Tokenizer
+
+    pairs = sft_data(tmp_path / "pairs.jsonl")
+    with Tokenizer(embedded_path, base_info) as tok:
+        tokenized = data_mod.load(pairs, tok, SMALL["seq_len"], True, False, SMALL["steps"],
+                                  SMALL["batch"])
+    # Each prompt/completion (and the weighted chat) line as its own ids and mask.
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text("".join(json.dumps({
+        "tokens": list(s.tokens), "mask": [int(m) for m in s.targets],
+        "weight": e.weight, "source": "rollout"}) + "\n"
+        for e in tokenized.examples for s in e.sequences))
+    flags = ["--steps", "3", "--batch", "2", "--seq-len", "48", "--rank", "4", "--alpha",
+             "8", "--lr", "5e-3", "--train-eot"]
+    code, out, err = run_cli(capsys, "train", "ids", "--base", BASE, "--data", str(ids),
+                             *flags, "--json")
+    assert code == 0, err
+    assert "--train-eot does not apply to the 11 token lines" in err
+    trained = json.loads(out)
+    summary = trained["provenance"]["data"]
+    assert summary["kinds"] == ["tokens"] and summary["examples"] == 11
+    assert summary["target_tokens"] == tokenized.n_target_tokens
+    assert trained["provenance"]["steps"] == 3 and trained["adapter"] == "ids"
+    # The same settings on the text lines give the same adapter, byte for byte: the ids
+    # were trained as given (no BOS, template or end-of-turn token added to them).
+    from_text, _ = run_job(TrainRequest("pairs", BASE, str(pairs), dict(SMALL),
+                                        register=False))
+    assert from_text["provenance"]["data"]["kinds"] == ["chat", "pair"]
+    for kind in ("gguf", "peft"):
+        assert from_text["files"][kind]["sha256"] == trained["files"][kind]["sha256"], kind
+
+
+@pytest.mark.slow
 def test_dpo_starts_at_log2_and_continuing_names_the_start(
         studio_home: Path, tmp_path: Path) -> None:
     prefs = tmp_path / "prefs.jsonl"
