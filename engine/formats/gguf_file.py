@@ -284,10 +284,8 @@ def _parse(handle: BinaryIO, st: FileStat, path: Path) -> GgufHeader:
     return GgufHeader(path, st, version, metadata, value_types, tensors, alignment, data_offset)
 
 
-def read_tensor(header: GgufHeader, name: str) -> np.ndarray:
-    """Read one tensor as float32 in numpy order (reversed ggml dims)."""
-    from gguf.quants import dequantize
-
+def read_tensor_bytes(header: GgufHeader, name: str) -> np.ndarray:
+    """One tensor's stored bytes (uint8), e.g. to read a quantized block's own fields."""
     info = header.tensors[name]
     handle, st = open_regular(header.path)
     with handle:
@@ -296,7 +294,15 @@ def read_tensor(header: GgufHeader, name: str) -> np.ndarray:
         ):
             raise InspectionError(f"{header.path.name}: file changed since it was inspected")
         handle.seek(info.offset)
-        raw = np.frombuffer(handle.read(info.nbytes), dtype=np.uint8)
+        return np.frombuffer(handle.read(info.nbytes), dtype=np.uint8)
+
+
+def read_tensor(header: GgufHeader, name: str) -> np.ndarray:
+    """Read one tensor as float32 in numpy order (reversed ggml dims)."""
+    from gguf.quants import dequantize
+
+    info = header.tensors[name]
+    raw = read_tensor_bytes(header, name)
     qtype = GGMLQuantizationType(info.type_id)
     shape = tuple(reversed(info.shape))
     if qtype == GGMLQuantizationType.F32:

@@ -10,6 +10,14 @@ RoPE is applied the way llama.cpp does for this architecture (its "normal" mode:
 adjacent pairs rotate together), which is what that row order expects. A LoRA delta
 trained here is therefore in llama.cpp's layout and is written to GGUF unchanged; the
 PEFT export permutes q/k B rows back (engine.lora_io.gguf_to_peft).
+
+Numerics: "float" multiplies the dequantized weights with float32 activations (the
+trainer before issue 16, kept so older records retrain to their bytes); "served"
+(engine.training.served_math) rounds where llama.cpp's CPU backend does: activations
+quantized to 8 bits before each quantized product, keys, values, queries and attention
+probabilities in fp16, RMSNorm summed in double and RoPE angles built in float as ggml
+builds them. The LoRA path multiplies the unquantized activations in both, as llama.cpp
+does with an F32 adapter.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import torch
 
 from engine.errors import RefusedError
 from engine.formats import gguf_file, naming
+from engine.training import served_math
 
 
 @dataclass(frozen=True)
@@ -98,8 +107,10 @@ class Lora(torch.nn.Module):
 class LlamaTorch(torch.nn.Module):
     """The frozen base (plain tensors) plus LoRA parameters keyed by module path."""
 
-    def __init__(self, path: Path, progress: Callable[[int, int], None] | None = None) -> None:
+    def __init__(self, path: Path, progress: Callable[[int, int], None] | None = None,
+                 numerics: str = "served") -> None:
         super().__init__()
+        served_math.check_numerics(numerics)
         header = gguf_file.read_header(path)
         self.header = header
         self.hyper = read_hyper(header)
@@ -122,6 +133,21 @@ class LlamaTorch(torch.nn.Module):
             if progress:
                 progress(done + 1, len(names))
         self.frozen.setdefault("output.weight", self.frozen["token_embd.weight"])
+        # The stored type of every matrix that is multiplied (the output is token_embd
+        # when tied), and the block mins of those whose products add a min term (Q4_1).
+        matrices = {n: n for n in names if n.startswith("blk.") and self.frozen[n].ndim == 2}
+        matrices["output.weight"] = "output.weight" if has_output else "token_embd.weight"
+        self.types: dict[str, str] = {}
+        self.mins: dict[str, torch.Tensor] = {}
+        for used, stored in matrices.items():
+            kind = header.tensors[stored].type_name
+            self.types[used] = kind
+            if kind in served_math.BLOCK_BYTES:
+                self.mins[used] = served_math.block_mins(
+                    gguf_file.read_tensor_bytes(header, stored), kind,
+                    *self.frozen[stored].shape)
+        self.numerics = "float"
+        self.set_numerics(numerics)
         for tensor in self.frozen.values():
             tensor.requires_grad_(False)
         self.loras = torch.nn.ModuleDict()  # "blk_3_attn_q" -> Lora
@@ -155,16 +181,39 @@ class LlamaTorch(torch.nn.Module):
     def set_lora_scale(self, scale: float) -> None:
         self.lora_scale = float(scale)
 
+    def set_numerics(self, numerics: str) -> None:
+        """"served" or "float" (module docstring); "served" refuses a weight type whose
+        activation arithmetic served_math does not simulate."""
+        served_math.check_numerics(numerics)
+        if numerics == "served":
+            for name, kind in self.types.items():
+                served_math.require_supported(name, kind)
+        self.numerics = numerics
+
+    @property
+    def served(self) -> bool:
+        return self.numerics == "served"
+
+    def _matmul(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        if self.served:
+            return served_math.matmul(x, self.frozen[name], self.types[name],
+                                      self.mins.get(name))
+        return x @ self.frozen[name].T
+
     # ------------------------------------------------------------------ forward
 
     def _linear(self, x: torch.Tensor, layer: int, role: str) -> torch.Tensor:
-        y = x @ self.frozen[f"blk.{layer}.{role}.weight"].T
+        y = self._matmul(x, f"blk.{layer}.{role}.weight")
+        # The LoRA path takes the unquantized activations: llama.cpp multiplies an F32
+        # adapter's A with the f32 input (ggml_mul_mat F32 x F32), then B, then scales.
         lora = self.active.get(f"blk_{layer}_{role}")
         if lora is not None and self.lora_enabled:
             y = y + ((x @ lora.a.T) @ lora.b.T) * self.lora_scale
         return y
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.served:
+            return x * served_math.rms_scale(x, self.hyper.rms_eps) * weight
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.hyper.rms_eps) * weight
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -186,10 +235,15 @@ class LlamaTorch(torch.nn.Module):
         start = 0 if past is None else past[0][0].shape[2]
         total = start + seq
         x = self.frozen["token_embd.weight"][tokens]
-        pos = torch.arange(start, total, dtype=torch.float64)
-        angles = pos[:, None] * self.inv_freq[None, :]
-        cos = torch.cos(angles).to(torch.float32)
-        sin = torch.sin(angles).to(torch.float32)
+        if self.served:
+            angles32 = served_math.rope_angles(torch.arange(start, total), h.rope_base,
+                                               h.rope_dims)
+            cos, sin = torch.cos(angles32), torch.sin(angles32)
+        else:
+            pos = torch.arange(start, total, dtype=torch.float64)
+            angles = pos[:, None] * self.inv_freq[None, :]
+            cos = torch.cos(angles).to(torch.float32)
+            sin = torch.sin(angles).to(torch.float32)
         mask = torch.full((seq, total), float("-inf")).triu(start + 1)
         group = h.n_head // h.n_head_kv
         scale = 1.0 / math.sqrt(h.head_dim)
@@ -203,6 +257,9 @@ class LlamaTorch(torch.nn.Module):
             q = self._rope(q.transpose(1, 2), cos, sin)
             k = self._rope(k.transpose(1, 2), cos, sin)
             v = v.transpose(1, 2)
+            if self.served:
+                # The KV cache is F16; ggml converts q to F16 to multiply it with K.
+                q, k, v = served_math.fp16(q), served_math.fp16(k), served_math.fp16(v)
             if keep:
                 kept.append((k, v))
             if past is not None:
@@ -214,6 +271,8 @@ class LlamaTorch(torch.nn.Module):
             scores = (q @ k.transpose(-1, -2)) * scale
             scores = scores.view(batch, h.n_head_kv, group, seq, total) + mask
             probs = torch.softmax(scores, dim=-1).view(batch, h.n_head_kv, group * seq, total)
+            if self.served:
+                probs = served_math.fp16(probs)  # converted to F16 to multiply with V
             att = (probs @ v).view(batch, h.n_head, seq, h.head_dim)
             att = att.transpose(1, 2).reshape(batch, seq, h.n_embd)
             x = x + self._linear(att, i, "attn_output")
@@ -223,4 +282,4 @@ class LlamaTorch(torch.nn.Module):
         return self._rms(x, self.frozen["output_norm.weight"]), kept
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.frozen["output.weight"].T
+        return self._matmul(hidden, "output.weight")

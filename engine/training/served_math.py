@@ -1,0 +1,135 @@
+"""llama.cpp's CPU arithmetic on the served file, simulated in the trainer's forward pass.
+
+Torch-only: imported by engine.training.model.
+
+The trainer's "float" numerics multiply the dequantized weights with float32
+activations. llama.cpp (ggml's CPU backend, x86 with AVX2, as vendored by
+llama-cpp-python 0.3.x) does not: before a quantized matrix product it quantizes each
+activation row to 8 bits in blocks of 32 (the weight type's `vec_dot_type` in ggml's
+`type_traits_cpu`), and it keeps attention's keys and values in an F16 cache, so the
+queries and the softmax probabilities are rounded to F16 when they are multiplied with
+them. "served" numerics reproduce those roundings, so the trainer computes (up to the
+order of float sums) what llama.cpp computes on the same file:
+
+- Q8_0 / Q4_0 / Q5_0 weights: activations as Q8_0 blocks (`quantize_row_q8_0`):
+  d = max|x| / 127 (f32) stored as fp16, q = round(x · (1 / d)) with the f32 d, half to
+  even as torch.round; the product is Σ d_w d_x Σ q_w q_x = W · (d_x q). (ggml's source
+  of 2025 computes q = round(x · 127 / max|x|); the library llama-cpp-python 0.3.36
+  ships matches x · (1 / d): on layer 0 of the embedded model its Qcur agrees with ours
+  to a mean |Δ| of 1.5e-5 that way, 1.9e-4 the other way, 2.4e-3 in float.)
+- Q4_1 / Q5_1 weights: activations as Q8_1 blocks (`quantize_row_q8_1`): the same
+  d and q, plus s = fp16(d · Σq) with the *unrounded* d; the weights' min term is
+  m_w · s instead of m_w · d_x Σq, which we add as a (detached) correction per block.
+- F16 weights: activations rounded to fp16; F32: unchanged.
+- The embedding lookup (get_rows) dequantizes exactly: nothing to simulate.
+
+Every rounding is applied with a straight-through gradient, x + (round(x) - x).detach(),
+so training still gets the float gradient. A weight type not listed above is refused
+(RefusedError naming the tensor and its type): its activations would be quantized some
+other way (the K-quants use Q8_K blocks of 256 with an f32 scale), and a silent float
+fallback would make "served" mean something else per file. docs/training.md, "Parity
+gate", has the measurements.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from engine.errors import RefusedError
+
+NUMERICS = ("served", "float")
+BLOCK = 32  # QK8_0 == QK8_1 == QK4_1 == 32
+# vec_dot_type per weight type (ggml-cpu.c type_traits_cpu), for the types we simulate.
+ACTIVATION_TYPE = {"F32": "F32", "F16": "F16", "Q8_0": "Q8_0", "Q4_0": "Q8_0",
+                   "Q5_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1"}
+# Block layouts with a min: fp16 d, fp16 m, then the codes (ggml-common.h).
+BLOCK_BYTES = {"Q4_1": 20, "Q5_1": 24}
+
+
+def check_numerics(value: str) -> None:
+    if value not in NUMERICS:
+        raise RefusedError(f"numerics must be one of {', '.join(NUMERICS)}, got {value!r}")
+
+
+def require_supported(name: str, type_name: str) -> None:
+    """Refuse a weight whose activation arithmetic we do not simulate."""
+    if type_name not in ACTIVATION_TYPE:
+        raise RefusedError(
+            f"served numerics are implemented for {', '.join(ACTIVATION_TYPE)} weights; "
+            f"{name} is {type_name}: train with --numerics float")
+
+
+def block_mins(raw: np.ndarray, type_name: str, rows: int, cols: int) -> torch.Tensor:
+    """The fp16 min m of every block of a Q4_1/Q5_1 tensor, (rows, cols / 32) float32."""
+    size = BLOCK_BYTES[type_name]
+    blocks = raw.reshape(rows, cols // BLOCK, size)
+    mins = np.ascontiguousarray(blocks[:, :, 2:4]).view(np.float16)[..., 0]
+    return torch.from_numpy(mins.astype(np.float32))
+
+
+def straight_through(x: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
+    """`rounded` in the forward pass, the identity in the backward pass."""
+    return x + (rounded - x).detach()
+
+
+def fp16(x: torch.Tensor) -> torch.Tensor:
+    """Round to fp16 (nearest even, as F16C and ggml_cpu_fp32_to_fp16 do), straight-through."""
+    return straight_through(x, x.detach().half().float())
+
+
+def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ggml's AVX2 quantize_row_q8_0/q8_1 on the last dimension (a multiple of 32).
+
+    Returns the dequantized blocks d16 · q (same shape as x), the unrounded d and Σq
+    per block (..., n / 32). No gradient: callers wrap it straight-through.
+    """
+    with torch.no_grad():
+        blocks = x.detach().unflatten(-1, (-1, BLOCK))
+        amax = blocks.abs().amax(-1, keepdim=True)
+        d = amax / 127.0
+        inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+        q = torch.round(blocks * inv)  # _mm256_round_ps(_MM_ROUND_NEAREST): half to even
+        dequantized = (q * d.half().float()).flatten(-2)
+        return dequantized, d[..., 0], q.sum(-1)
+
+
+def matmul(x: torch.Tensor, weight: torch.Tensor, type_name: str,
+           mins: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T as llama.cpp's CPU backend computes it for a weight of `type_name`."""
+    kind = ACTIVATION_TYPE[type_name]
+    if kind == "F32":
+        return x @ weight.T
+    if kind == "F16":
+        return fp16(x) @ weight.T
+    dequantized, d, qsum = quantize_q8(x)
+    y = straight_through(x, dequantized) @ weight.T
+    if kind == "Q8_1":
+        assert mins is not None, "a Q8_1 product needs the weight's block mins"
+        # W = d_w q_w + m_w, so W·(d16 q) holds m_w · d16 Σq per block, where ggml
+        # adds m_w · s with s = fp16(d Σq) (d unrounded): add the difference.
+        with torch.no_grad():
+            delta = (d * qsum).half().float() - d.half().float() * qsum
+        y = y + delta @ mins.T
+    return y
+
+
+def rope_angles(positions: torch.Tensor, base: float, dims: int) -> torch.Tensor:
+    """(seq, dims / 2) float32 angles as ggml_rope_cache_init builds them: theta starts
+    at the position and is multiplied by powf(base, -2 / dims) once per pair, in float."""
+    theta_scale = torch.tensor(np.float32(math.pow(base, -2.0 / dims)))
+    theta = positions.to(torch.float32)
+    columns = []
+    for _ in range(dims // 2):
+        columns.append(theta)
+        theta = theta * theta_scale
+    return torch.stack(columns, dim=-1)
+
+
+def rms_scale(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(x²) + eps) as ggml's rms_norm: squares in float, summed in double,
+    the mean rounded to float, the rest in float."""
+    mean = (x * x).double().sum(-1, keepdim=True).div(x.shape[-1]).float()
+    return 1.0 / torch.sqrt(mean + eps)
