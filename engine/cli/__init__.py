@@ -50,6 +50,7 @@ COMMANDS: dict[str, Command] = {
     "status": health_cmds.cmd_status,
     "doctor": health_cmds.cmd_doctor,
     "train": train_cmds.cmd_train,
+    "train-rl": train_cmds.cmd_train_rl,
     "serve": serve_cmds.cmd_serve,
     "export": export_cmds.cmd_export,
     "key": trust_cmds.cmd_key,

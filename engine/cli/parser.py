@@ -87,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="check the installation and every catalog entry")
     doctor.add_argument("--json", action="store_true", help="print JSON")
     _train_parser(sub)
+    _train_rl_parser(sub)
     _serve_parser(sub)
     _export_parser(sub)
     _trust_parser(sub)
@@ -356,6 +357,10 @@ def _train_parser(sub: Any) -> None:
     train.add_argument("--seed", type=int, help="random seed (same seed, same bytes)")
     train.add_argument("--threads", type=int, help="CPU threads (part of the recorded "
                        "configuration: results are reproducible per thread count)")
+    train.add_argument("--numerics", choices=("served", "float"),
+                       help="served (default): train through llama.cpp's own roundings "
+                       "(8-bit activations, fp16 attention); float: float32 activations, "
+                       "as adapters trained before issue 16")
     train.add_argument("--train-eot", action="store_true", dest="train_eot",
                        help="also train the end-of-turn token so answers learn to stop")
     train.add_argument("--init-adapter", dest="init_adapter", metavar="ADAPTER",
@@ -369,6 +374,43 @@ def _train_parser(sub: Any) -> None:
                        help="DPO strength (needs --dpo)")
     train.add_argument("--variant", help="also create this variant (base + the adapter)")
     train.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+
+def _train_rl_parser(sub: Any) -> None:
+    rl = sub.add_parser("train-rl", help="train a LoRA adapter by reinforcement: sample, "
+                        "score and train in rounds (GRPO; needs the [train] extra)")
+    rl.add_argument("name", help="name of the new adapter")
+    rl.add_argument("--base", required=True, help="a GGUF base model in the catalog")
+    rl.add_argument("--prompts", required=True, type=Path,
+                    help="JSONL prompts: prompt or messages, answer (for exact)")
+    rl.add_argument("--reward", required=True, metavar="exact|json-schema:FILE|python:FILE",
+                    help="exact (the completion equals the line's answer), json-schema:FILE "
+                         "(its first JSON object validates), python:FILE (your "
+                         "reward(prompt, completion) -> float, run in the training worker)")
+    rl.add_argument("--rounds", type=int, help="sample-score-train rounds (default 4)")
+    rl.add_argument("--samples", type=int, help="completions per prompt and round, the "
+                    "group of GRPO (default 4)")
+    rl.add_argument("--steps-per-round", type=int, dest="steps_per_round", metavar="N",
+                    help="optimizer steps on each round's rollouts (default 2)")
+    rl.add_argument("--max-tokens", type=int, dest="max_tokens",
+                    help="at most this many sampled tokens per completion (default 32)")
+    rl.add_argument("--clip", type=float, help="PPO clip of the importance ratios (0.2)")
+    rl.add_argument("--kl-beta", type=float, dest="kl_beta",
+                    help="weight of the KL penalty towards the base (0.04)")
+    rl.add_argument("--rank", type=int, help="LoRA rank")
+    rl.add_argument("--alpha", type=float, help="LoRA alpha (the multiplier is alpha/rank)")
+    rl.add_argument("--lr", type=float, help="learning rate")
+    rl.add_argument("--targets", help="projections to adapt, e.g. q,v (default)")
+    rl.add_argument("--seq-len", type=int, dest="seq_len",
+                    help="prompt plus completion tokens at most")
+    rl.add_argument("--seed", type=int, help="sampling and initialisation seed (same seed, "
+                    "same bytes)")
+    rl.add_argument("--threads", type=int, help="CPU threads of the trainer (llama.cpp "
+                    "samples with one)")
+    rl.add_argument("--init-adapter", dest="init_adapter", metavar="ADAPTER",
+                    help="start from this adapter (round 1 samples with it)")
+    rl.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def _generation_flags(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""The train command: a LoRA adapter trained in its own worker process."""
+"""The train and train-rl commands: a LoRA adapter trained in its own worker process."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
                          "(supervised training has no beta)")
     settings: dict[str, Any] = {}
     for key in ("steps", "rank", "alpha", "lr", "targets", "seq_len", "batch", "seed",
-                "save_every", "dpo_beta", "threads"):
+                "save_every", "dpo_beta", "threads", "numerics"):
         value = getattr(args, key)
         if value is not None:
             settings[key] = value
@@ -86,3 +86,65 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
         print(f"  variant {result['variant']} = {args.base} + {result['adapter']}")
     return 0
 
+
+
+def cmd_train_rl(catalog: Catalog, args: argparse.Namespace) -> int:
+    """The reinforcement loop (engine.training.rl): sample, score, train in rounds."""
+    from engine.training import ENABLE_HINT, torch_available
+    from engine.training.client import TrainingJob
+    from engine.training.rl import RLRequest, RLSettings, prepare
+
+    if not torch_available():
+        raise RefusedError(ENABLE_HINT)
+    settings = {key: getattr(args, key) for key in ("rank", "alpha", "lr", "targets",
+                                                     "seq_len", "seed", "threads")
+                if getattr(args, key) is not None}
+    rl = {key: getattr(args, key) for key in RLSettings.__dataclass_fields__
+          if getattr(args, key) is not None}
+    request = RLRequest(name=args.name, base=args.base, prompts=str(args.prompts),
+                        reward=args.reward, settings=settings, rl=rl,
+                        init_adapter=args.init_adapter)
+    prepared = prepare(catalog, request)  # refuse a bad request before starting anything
+    quiet = bool(args.json)
+
+    def on_event(event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "warning":
+            print(f"warning: {event['message']}", file=sys.stderr)
+        elif quiet:
+            return
+        elif kind == "stage":
+            print(f"{event['stage']}…", file=sys.stderr)
+        elif kind == "data":
+            print(f"prompts: {event['examples']} ({event['prompt_tokens']} tokens), sha256 "
+                  f"{event['sha256'][:16]}…", file=sys.stderr)
+        elif kind == "round":
+            reward, agree = event["reward"], event["agreement"]
+            print(f"round {event['round']}/{event['rounds']}: reward {reward['mean']:.3f} "
+                  f"(min {reward['min']:.3f}, max {reward['max']:.3f}); trainer vs sampler "
+                  f"mean |Δ| {agree['mean_abs']:.4f}, max {agree['max_abs']:.3f}, "
+                  f"{agree['within']:.0%} within {agree['tolerance']:g}; {event['steps']} "
+                  f"step{'s' if event['steps'] != 1 else ''} ({event['seconds']:.0f} s)",
+                  file=sys.stderr)
+
+    job = TrainingJob(prepared.request, on_event).start()
+    try:
+        result = job.wait()
+    except KeyboardInterrupt:
+        job.cancel()
+        job.done.wait(60)
+        raise
+    record = result["provenance"]
+    if args.json:
+        emit_json(result)
+        return 0
+    rounds = record["rl"]["rounds"]
+    files = result["files"]
+    print(f"trained adapter {result['adapter']} in {len(rounds)} rounds, {record['steps']} "
+          f"steps ({record['time']['train_seconds']:.0f} s), mean reward "
+          f"{rounds[0]['reward']['mean']:.3f} → {rounds[-1]['reward']['mean']:.3f}")
+    print(f"  GGUF (llama.cpp): sha256 {files['gguf']['sha256']}")
+    print(f"  PEFT (OpenVINO):  sha256 {files['peft']['sha256']}")
+    print(f"  run directory: {result['run_dir']} (provenance.json beside the adapter, "
+          "rollouts in rounds/)")
+    return 0

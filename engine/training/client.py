@@ -19,13 +19,14 @@ from engine.errors import Cancelled, EngineError, StudioError
 from engine.runtime import protocol
 from engine.runtime.worker import ChildProcess, describe_exit
 from engine.training.job import TrainRequest
+from engine.training.rl import RLRequest
 
 EventCallback = Callable[[dict[str, Any]], None]
 WORKER_MODULE = "engine.training.worker"
 
 
 class TrainingJob:
-    def __init__(self, request: TrainRequest, on_event: EventCallback | None = None,
+    def __init__(self, request: TrainRequest | RLRequest, on_event: EventCallback | None = None,
                  env: dict[str, str] | None = None) -> None:
         self.request = request
         self.on_event = on_event

@@ -271,18 +271,27 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
                               "system_prompt": data.system_prompt}
     if request.register:
         emit("stage", stage="importing into the catalog")
-        adapter = imports.add_adapter(catalog,
-            request.name, base["name"], run_dir / ADAPTER_FILE,
-            source=f"trained by variant-studio (run {run_dir.name})", strict=True,
-            provenance=record)
-        result["adapter"] = adapter["name"]
-        result["openvino"] = attach_openvino(catalog, request.name, base["name"], files)
-        if request.variant:
-            profile = {"system_prompt": data.system_prompt} if data.system_prompt else None
-            catalog.add_variant(request.variant, base["name"],
-                                [AdapterSpec(request.name, 1.0)], profile)
-            result["variant"] = request.variant
+        result.update(import_run(catalog, request.name, base["name"], run_dir, record, files,
+                                 request.variant, data.system_prompt))
     return result
+
+
+def import_run(catalog: Catalog, name: str, base: str, run_dir: Path, record: dict[str, Any],
+               files: dict[str, Any], variant: str | None = None,
+               system_prompt: str | None = None) -> dict[str, Any]:
+    """Import a run's adapter (strictly, with its record), its OpenVINO file when the
+    base has a counterpart, and optionally a variant; the result's catalog part. The
+    SFT/DPO run and the reinforcement loop (engine.training.rl) both end here."""
+    adapter = imports.add_adapter(catalog, name, base, run_dir / ADAPTER_FILE,
+                                  source=f"trained by variant-studio (run {run_dir.name})",
+                                  strict=True, provenance=record)
+    out: dict[str, Any] = {"adapter": adapter["name"],
+                           "openvino": attach_openvino(catalog, name, base, files)}
+    if variant:
+        profile = {"system_prompt": system_prompt} if system_prompt else None
+        catalog.add_variant(variant, base, [AdapterSpec(name, 1.0)], profile)
+        out["variant"] = variant
+    return out
 
 
 def attach_openvino(catalog: Catalog, name: str, base: str, files: dict[str, Any]

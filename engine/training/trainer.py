@@ -127,6 +127,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ scoring
 
+    def target_logps(self, sequences: list[Sequence]) -> list[torch.Tensor]:
+        """Per sequence: the log-probabilities of its target tokens, with the adapter as
+        it is now (the RL loop scores rollouts with it)."""
+        return self._target_logps(sequences)
+
     def _target_logps(self, sequences: list[Sequence]) -> list[torch.Tensor]:
         """Per sequence: the log-probabilities of its target tokens (in order).
 
@@ -203,16 +208,31 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         config = self.config
-        lr = config.lr_at(self.step)
         batch = self.batch_indices(self.step)
+        self.zero_grad()
+        loss, metrics = (self._dpo_loss if config.dpo else self._sft_loss)(batch)
+        value = self.backward(loss)
+        return self.update(value, metrics)
+
+    def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
-        loss, metrics = (self._dpo_loss if config.dpo else self._sft_loss)(batch)
+
+    def backward(self, loss: torch.Tensor) -> float:
+        """Add `loss`'s gradients (several calls accumulate, as the RL loop's groups do);
+        its value, refused when it is not finite."""
         value = float(loss.detach())
         if not math.isfinite(value):
             raise RefusedError(f"training diverged at step {self.step + 1} (loss {value}); "
                                "lower the learning rate")
         loss.backward()
+        return value
+
+    def update(self, value: float, metrics: dict[str, float]) -> dict[str, Any]:
+        """One optimiser step with the accumulated gradients (clipped, Adam); `value` is
+        the step's loss, recorded in the history."""
+        config = self.config
+        lr = config.lr_at(self.step)
         with torch.no_grad():
             grads = [p.grad if p.grad is not None else torch.zeros_like(p)
                      for p in self.params]

@@ -1,9 +1,10 @@
 """The training worker process: `python -m engine.training.worker`.
 
 Protocol (JSON lines): the first line on stdin is the request (`TrainRequest` as a
-dict); later lines may be `{"op": "cancel"}`; closing stdin also cancels (the parent
-went away). On the protocol descriptor the worker writes events (`stage`, `data`,
-`warning`, `load`, `progress`, `checkpoint`, `resumed`, `stopped`) and then exactly
+dict, or `rl.RLRequest`'s, which carries `"kind": "rl"`: the reinforcement loop); later
+lines may be `{"op": "cancel"}`; closing stdin also cancels (the parent went away). On
+the protocol descriptor the worker writes events (`stage`, `data`, `warning`, `load`,
+`progress`, `checkpoint`, `resumed`, `stopped`, and the loop's `round`) and then exactly
 one of `finished` (with `result`), `failed` (with `error`) or `cancelled`.
 
 The determinism settings are put into the environment before torch is imported, and
@@ -43,13 +44,20 @@ class Worker:
         self.cancel.set()  # stdin closed: nobody is listening any more
 
     def run(self) -> int:
+        from engine.training import rl
         from engine.training.config import DETERMINISM_ENV
         from engine.training.job import TrainRequest, execute
 
         line = sys.stdin.buffer.readline()
         try:
             raw = json.loads(line)
-            request = TrainRequest.from_dict(raw)
+            # A reinforcement run says so ("kind": "rl"); every other request is SFT/DPO.
+            if isinstance(raw, dict) and raw.get("kind") == rl.KIND:
+                request: TrainRequest | rl.RLRequest = rl.RLRequest.from_dict(raw)
+                run = rl.execute
+            else:
+                request = TrainRequest.from_dict(raw)
+                run = execute
             threads = int((request.settings or {}).get("threads", 2))
         except (ValueError, TypeError, StudioError) as exc:
             error = exc if isinstance(exc, StudioError) else UsageError(
@@ -65,7 +73,7 @@ class Worker:
         threading.Thread(target=self._watch_stdin, daemon=True, name="stdin").start()
         self.emit("started", pid=os.getpid())
         try:
-            result = execute(request, self.emit, self.cancel.is_set)
+            result = run(request, self.emit, self.cancel.is_set)  # type: ignore[arg-type]
         except Cancelled as exc:
             self.send({"event": "cancelled", "message": exc.message})
             return 0
