@@ -117,6 +117,10 @@ class TrainPage(QWidget):
         self.dpo_beta.setRange(0.001, 100)
         self.dpo_beta.setValue(defaults.dpo_beta)
         self.init_adapter = QComboBox()
+        # served: llama.cpp's own roundings in the forward pass; float: the old arithmetic.
+        self.numerics = QComboBox()
+        self.numerics.addItems(["served", "float"])
+        self.numerics.setCurrentText(defaults.numerics)
         adv = QFormLayout(self.advanced)
         adv.addRow("Alpha", self.alpha)
         adv.addRow("Targets", self.targets)
@@ -128,6 +132,7 @@ class TrainPage(QWidget):
         adv.addRow("", self.dpo)
         adv.addRow("DPO beta", self.dpo_beta)
         adv.addRow("Continue adapter", self.init_adapter)
+        adv.addRow("Numerics", self.numerics)
         self.advanced.hide()
 
         self.start_button = QPushButton("Start training")
@@ -238,6 +243,7 @@ class TrainPage(QWidget):
             "batch": self.batch.value(), "seed": self.seed.value(),
             "threads": self.threads.value(), "save_every": self.save_every.value(),
             "dpo": self.dpo.isChecked(), "dpo_beta": self.dpo_beta.value(),
+            "numerics": self.numerics.currentText(),
         }
         init = self.init_adapter.currentText() or None
         if init:  # the starting adapter decides rank, alpha and targets

@@ -175,6 +175,21 @@ def test_config_schedule_and_round_trip() -> None:
     assert TrainConfig.from_dict(config.to_dict()) == config
 
 
+def test_numerics_default_to_served_and_old_records_mean_float() -> None:
+    from engine.curated.demo import DEMO_SETTINGS
+    from engine.training.config import record_settings
+
+    assert record_settings({"rank": 4}) == {"numerics": "float", "rank": 4}
+    assert TrainConfig().numerics == "served"
+    with pytest.raises(UsageError, match="numerics must be one of served, float"):
+        TrainConfig.from_dict({"numerics": "fast"})
+    old_record = {k: v for k, v in TrainConfig().to_dict().items() if k != "numerics"}
+    assert TrainConfig.from_record(old_record).numerics == "float"
+    assert TrainConfig.from_record({**old_record, "numerics": "served"}).numerics == "served"
+    # The shipped demo was trained in float: its settings pin it until it is retrained.
+    assert TrainConfig.from_dict(DEMO_SETTINGS).numerics == "float"
+
+
 # ---------------------------------------------------------------------------- token lines
 
 

@@ -20,6 +20,7 @@ from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.formats import lora_io
 from engine.training import demo, torch_available
 from engine.training.client import TrainingJob
+from engine.training.config import record_settings
 from engine.training.job import TrainRequest
 
 FOLDER = shipped.resources_dir()
@@ -53,7 +54,8 @@ def test_shipped_adapter_matches_its_record(base_info) -> None:
     assert digest.hash_uncached(gguf)[0] == RECORD["adapter_sha256"]
     peft = FOLDER / shipped.SHIPPED_PEFT / "adapter_model.safetensors"
     assert digest.hash_uncached(peft)[0] == RECORD["adapter_files"]["peft"]["sha256"]
-    assert RECORD["config"] == {**RECORD["config"], **demo.DEMO_SETTINGS}
+    recorded = record_settings(RECORD["config"])
+    assert recorded == {**recorded, **demo.DEMO_SETTINGS}
     assert RECORD["loss"]["last"] < RECORD["loss"]["first"] / 10
     weights = lora_io.read_gguf(gguf)
     assert weights.base_sha256 == RECORD["base_sha256"]
@@ -102,7 +104,7 @@ def test_a_bare_library_catalog_has_no_demo(studio_home: Path) -> None:
 @pytest.mark.slow
 def test_retraining_the_demo_reproduces_its_sha256(studio_home: Path) -> None:
     request = TrainRequest("retrained", BASE, str(FOLDER / "train.jsonl"),
-                           dict(RECORD["config"]), register=False)
+                           record_settings(RECORD["config"]), register=False)
     result = TrainingJob(request).start().wait(1800)
     assert result["files"]["gguf"]["sha256"] == RECORD["adapter_sha256"]
     assert result["files"]["peft"]["sha256"] == RECORD["adapter_files"]["peft"]["sha256"]

@@ -15,6 +15,11 @@ from engine.errors import UsageError
 from engine.formats import naming
 
 DEFAULT_TARGETS = ("attn_q", "attn_v")
+# "served": the forward pass rounds where llama.cpp does (engine.training.served_math);
+# "float": float32 activations, the only arithmetic before issue 16. A provenance record
+# without the setting was trained with "float" (record_settings).
+NUMERICS = ("served", "float")
+RECORD_DEFAULT_NUMERICS = "float"
 # Pinned so that the numbers do not depend on which CPU runs them: PyTorch's own
 # kernels use their AVX2 code; MKL (PyTorch's matrix products) its COMPATIBLE branch,
 # the one MKL documents as giving the same results on Intel and non-Intel CPUs (its
@@ -44,6 +49,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     threads: int = 2
     save_every: int = 0  # 0: no intermediate checkpoints
+    numerics: str = "served"
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -69,6 +75,8 @@ class TrainConfig:
         _int(self.save_every, "save-every", 0, 1_000_000)
         check(isinstance(self.train_eot, bool) and isinstance(self.dpo, bool),
               "train_eot and dpo are true or false")
+        check(self.numerics in NUMERICS,
+              f"numerics must be one of {', '.join(NUMERICS)}, got {self.numerics!r}")
 
     @property
     def warmup_steps(self) -> int:
@@ -109,6 +117,11 @@ class TrainConfig:
                 raise UsageError(str(exc)) from None
         return TrainConfig(**values)
 
+    @staticmethod
+    def from_record(config: dict[str, Any]) -> TrainConfig:
+        """The configuration a provenance record (or checkpoint) holds."""
+        return TrainConfig.from_dict(record_settings(config))
+
     def output_affecting(self) -> dict[str, Any]:
         """The settings a resumed run must share with its checkpoint."""
         out = self.to_dict()
@@ -126,3 +139,9 @@ def _num(value: Any, name: str, low: float, high: float, allow_zero: bool = Fals
         raise UsageError(f"{name} must be a finite number, got {value!r}")
     if not (low <= value <= high or (allow_zero and value == 0)):
         raise UsageError(f"{name} must be between {low:g} and {high:g}, got {value!r}")
+
+
+def record_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """A recorded `config` as settings that retrain it: records written before the
+    numerics setting existed were trained with float activations."""
+    return {"numerics": RECORD_DEFAULT_NUMERICS, **config}

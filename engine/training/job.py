@@ -210,7 +210,7 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
         if cancelled():
             raise Cancelled("training cancelled while loading the base weights")
 
-    model = LlamaTorch(model_path, loading)
+    model = LlamaTorch(model_path, loading, numerics=config.numerics)
     trainer = trainer_mod.Trainer(model, config, data, base["sha256"], init_weights, init_sha)
     run_dir = prepared.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,7 @@ import torch
 
 from engine.errors import Cancelled, RefusedError
 from engine.formats import lora_io, naming
-from engine.training.config import TrainConfig
+from engine.training.config import TrainConfig, record_settings
 from engine.training.data import DataSet, Sequence
 from engine.training.model import LlamaTorch
 
@@ -305,7 +305,9 @@ class Trainer:
                 if meta.get(key) != mine[key]:
                     raise RefusedError(f"checkpoint {path.name} was made with a different "
                                        f"{what}; it cannot be resumed with this one")
-            if json.loads(meta.get("config", "{}")) != self.config.output_affecting():
+            # A checkpoint from before the numerics setting was trained in float.
+            recorded = record_settings(json.loads(meta.get("config", "{}")))
+            if recorded != self.config.output_affecting():
                 raise RefusedError(f"checkpoint {path.name} was made with different "
                                    "settings; resume with the same ones")
             step = int(meta["step"])
