@@ -376,7 +376,6 @@ def _train_parser(sub: Any) -> None:
     train.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-
 def _train_rl_parser(sub: Any) -> None:
     rl = sub.add_parser("train-rl", help="train a LoRA adapter by reinforcement: sample, "
                         "score and train in rounds (GRPO; needs the [train] extra)")
@@ -408,6 +407,8 @@ def _train_rl_parser(sub: Any) -> None:
                     "same bytes)")
     rl.add_argument("--threads", type=int, help="CPU threads of the trainer (llama.cpp "
                     "samples with one)")
+    rl.add_argument("--numerics", choices=("served", "float"),
+                    help="the trainer's arithmetic, as train's (default served)")
     rl.add_argument("--init-adapter", dest="init_adapter", metavar="ADAPTER",
                     help="start from this adapter (round 1 samples with it)")
     rl.add_argument("--json", action="store_true", help="print the result as JSON")

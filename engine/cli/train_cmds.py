@@ -97,7 +97,7 @@ def cmd_train_rl(catalog: Catalog, args: argparse.Namespace) -> int:
     if not torch_available():
         raise RefusedError(ENABLE_HINT)
     settings = {key: getattr(args, key) for key in ("rank", "alpha", "lr", "targets",
-                                                     "seq_len", "seed", "threads")
+                                                     "seq_len", "seed", "threads", "numerics")
                 if getattr(args, key) is not None}
     rl = {key: getattr(args, key) for key in RLSettings.__dataclass_fields__
           if getattr(args, key) is not None}

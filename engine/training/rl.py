@@ -76,7 +76,8 @@ EXACT = 1e-5  # nats: equal up to the float32 rounding of a log-softmax
 ADVANTAGE_EPS = 1e-4
 ROUNDS_DIR = "rounds"
 # The LoRA and optimiser settings train-rl takes from the train command's set.
-TRAIN_KEYS = frozenset({"rank", "alpha", "lr", "targets", "seq_len", "seed", "threads"})
+TRAIN_KEYS = frozenset({"rank", "alpha", "lr", "targets", "seq_len", "seed", "threads",
+                        "numerics"})
 
 
 @dataclass(frozen=True)
@@ -583,10 +584,7 @@ class _Loop:
             if self.cancelled():
                 raise Cancelled("training cancelled while loading the base weights")
 
-        # A `numerics` setting, where the trainer has one, chooses the forward pass.
-        numerics = getattr(self.config, "numerics", None)
-        model = (LlamaTorch(self.model_path, loading, numerics=numerics) if numerics
-                 else LlamaTorch(self.model_path, loading))
+        model = LlamaTorch(self.model_path, loading, numerics=self.config.numerics)
         init = self.prepared.train.init_record
         self.trainer = trainer_mod.Trainer(
             model, self.config, data, self.prepared.train.base_record["sha256"],
