@@ -40,7 +40,7 @@ NO_REWARD = ('import re\n\n\n'
              '    words = re.findall(r"[a-z]+", completion.lower())\n'
              '    return 1.0 if words[:1] == ["no"] else 0.0\n')
 FLAGS = ["--rounds", "3", "--samples", "4", "--steps-per-round", "2", "--max-tokens", "2",
-         "--rank", "4", "--lr", "5e-3", "--threads", "1", "--seed", "0"]
+         "--rank", "4", "--lr", "2e-3", "--threads", "1", "--seed", "0"]
 
 
 def write_prompts(path: Path, questions: tuple[str, ...] = QUESTIONS) -> Path:
@@ -77,7 +77,7 @@ def runs(module_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     assert code == 0, err.getvalue()[-3000:]
     first = json.loads(out.getvalue())
     events: list[dict[str, Any]] = []
-    settings = {"rank": 4, "lr": 5e-3, "threads": 1, "seed": 0}
+    settings = {"rank": 4, "lr": 2e-3, "threads": 1, "seed": 0}
     rl = {"rounds": 3, "samples": 4, "steps_per_round": 2, "max_tokens": 2}
     job = TrainingJob(RLRequest("no-rl-again", BASE, str(prompts), f"python:{reward}",
                                 settings, rl, register=False,
@@ -91,8 +91,8 @@ def test_reward_rises_over_rounds(runs: dict[str, Any]) -> None:
     rounds = runs["first"]["provenance"]["rl"]["rounds"]
     means = [r["reward"]["mean"] for r in rounds]
     assert len(means) == 3
-    # Measured with these settings: 0.56, 0.62, 0.69 (seed 0, this run), 0.50, 0.62, 0.81
-    # (seed 1) and 0.50, 0.50, 0.81 (seed 2).
+    # Measured with these settings: 0.56, 0.81, 0.88 (seed 0, this run) and 0.50, 0.81,
+    # 0.69 (seed 1); at lr 5e-3 0.56, 0.62, 0.69 / 0.50, 0.62, 0.81 / 0.50, 0.50, 0.81.
     assert means[0] <= means[1] and means[2] >= means[0] + 0.1, means
     for r in rounds:
         assert r["reward"]["min"] <= r["reward"]["mean"] <= r["reward"]["max"]
@@ -261,6 +261,9 @@ def test_refusals_before_the_worker(studio_home: Path, tmp_path: Path,
     assert code == 4
     code, _, err = run_cli(capsys, "train-rl", "bad name!", *base, "--reward", "exact")
     assert code == 2
+    code, _, err = run_cli(capsys, "train-rl", "r4", "--base", BASE, "--prompts",
+                           str(tmp_path / "missing.jsonl"), "--reward", "exact")
+    assert code == 2 and "prompts file" in err and "missing.jsonl does not exist" in err
     adapters = Catalog().data()["adapters"]
     assert not {"r1", "r2", "r3", "r4"} & set(adapters)
 

@@ -56,6 +56,7 @@ from engine.curated import setup
 from engine.errors import Cancelled, RefusedError, UsageError
 from engine.formats import artifacts, lora_io
 from engine.formats.artifacts import AdapterInfo, BaseModelInfo
+from engine.formats.safeio import printable
 from engine.state.statefile import write_json_atomic
 from engine.training import ENABLE_HINT, job, provenance, rewards, torch_available
 from engine.training import data as data_mod
@@ -167,6 +168,8 @@ def prepare(catalog: Catalog, request: RLRequest) -> PreparedRL:
     if unknown:
         raise UsageError(f"train-rl does not take {', '.join(sorted(unknown))}")
     rl = RLSettings.from_dict(dict(request.rl))
+    if not Path(request.prompts).expanduser().is_file():
+        raise UsageError(f"prompts file {printable(request.prompts)} does not exist")
     # The schedule spans every optimiser step of every round (no warm-up: the first
     # round's ratios are the ones closest to 1); batch is one group of samples.
     settings = {**request.settings, "steps": rl.rounds * rl.steps_per_round,
