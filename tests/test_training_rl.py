@@ -301,3 +301,57 @@ def test_docs_describe_every_train_rl_flag() -> None:
     assert "## Reinforcement loop" in training
     assert "variant-studio train-rl NAME --base MODEL --prompts FILE" in (
         root / "docs" / "cli.md").read_text()
+
+
+def test_cli_prints_a_line_per_round_and_stops_on_ctrl_c(
+        studio_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command's own output, with a stand-in for the worker: one stderr line per
+    round event, the summary on stdout; Ctrl-C asks the worker to stop and exits 130."""
+    import threading
+
+    seen: dict[str, Any] = {}
+    agree = {"tokens": 32, "mean_abs": 0.0649, "max_abs": 0.501, "exact": 0.0,
+             "within": 0.594, "tolerance": 0.05}
+    rounds = [{"round": n, "reward": {"mean": m, "min": 0.0, "max": 1.0}, "agreement": agree,
+               "steps": 2, "seconds": {"total": 46.0}} for n, m in ((1, 0.5), (2, 0.625))]
+    result = {"adapter": "cli-rl", "run_dir": "/runs/r", "provenance": {
+        "steps": 4, "time": {"train_seconds": 92.0}, "rl": {"rounds": rounds}},
+        "files": {"gguf": {"sha256": "a" * 64}, "peft": {"sha256": "b" * 64}}}
+
+    class FakeJob:
+        def __init__(self, request: RLRequest, on_event: Any) -> None:
+            seen["request"] = request
+            self.on_event = on_event
+            self.done = threading.Event()
+
+        def start(self) -> FakeJob:
+            return self
+
+        def wait(self, timeout: float | None = None) -> dict[str, Any]:
+            if seen.get("interrupt"):
+                raise KeyboardInterrupt
+            for r in rounds:
+                self.on_event({"event": "round", "rounds": 2, "step": 2 * r["round"],
+                               "loss": [0.0, 0.0], **r, "seconds": 46.0})
+            return result
+
+        def cancel(self) -> None:
+            seen["cancelled"] = True
+            self.done.set()
+
+    monkeypatch.setattr("engine.training.client.TrainingJob", FakeJob)
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    argv = ["train-rl", "cli-rl", "--base", BASE, "--prompts", str(prompts), "--reward",
+            "exact", "--rounds", "2", "--lr", "2e-3"]
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    assert ("round 2/2: reward 0.625 (min 0.000, max 1.000); trainer vs sampler mean |Δ| "
+            "0.0649, max 0.501, 59% within 0.05; 2 steps (46 s)") in err
+    assert "trained adapter cli-rl in 2 rounds, 4 steps (92 s), mean reward 0.500 → 0.625" in out
+    request = seen["request"]
+    assert request.rl == {"rounds": 2} and request.settings == {"lr": 2e-3}
+    assert request.reward == "exact" and request.reward_sha256 is None
+    seen["interrupt"] = True
+    code, _, _ = run_cli(capsys, *argv)
+    assert code == 130 and seen["cancelled"] is True
