@@ -16,6 +16,7 @@ TORCH_MODULES = frozenset({
     "engine.training.model",
     "engine.training.trainer",
     "engine.training.parity",
+    "engine.training.served_math",
 })
 
 ENABLE_HINT = ("training needs PyTorch (CPU build), which is not installed: "
