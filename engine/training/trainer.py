@@ -191,8 +191,21 @@ class Trainer:
 
     def _dpo_loss(self, batch: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
         examples = [self.data.examples[i] for i in batch]
-        reference = self._reference_logps(batch)
         sequences = [s for e in examples for s in e.sequences]
+        if self.model.served:
+            # Served numerics are chaotic: scoring the same pair in another batch (other
+            # shapes, another shared prefix) moves its log-probabilities by ~0.03, which
+            # would enter every margin as noise. Score the reference in this very batch,
+            # so policy and reference differ only by the adapter (step 1 is log 2 exactly).
+            self.model.lora_enabled = False
+            try:
+                with torch.no_grad():
+                    ref = [float(x.sum()) for x in self._target_logps(sequences)]
+            finally:
+                self.model.lora_enabled = True
+            reference = [(ref[2 * k], ref[2 * k + 1]) for k in range(len(examples))]
+        else:
+            reference = self._reference_logps(batch)
         sums = [x.sum() for x in self._target_logps(sequences)]
         beta = self.config.dpo_beta
         margins = torch.stack([
