@@ -10,4 +10,7 @@ echo "== layering contracts"
 echo "== engine imports without Qt"
 .venv/bin/python scripts/check_layering.py
 echo "== pytest"
-QT_QPA_PLATFORM=offscreen exec .venv/bin/python -m pytest "$@"
+# On every core (at most 4), each test file whole on one worker: the files that share one
+# engine process between their tests keep sharing it. `-n 0` runs them in one process.
+QT_QPA_PLATFORM=offscreen exec .venv/bin/python -m pytest -n auto --maxprocesses 4 \
+    --dist loadfile "$@"
