@@ -29,6 +29,7 @@ different keys. It is left out of the canonical form when a backend has no profi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -38,6 +39,7 @@ from importlib import metadata
 RUNTIME_PACKAGES = {"llama": "llama-cpp-python", "openvino": "openvino-genai"}
 
 
+@functools.cache  # read once per process (4 ms a call, and identity asks it per entry)
 def runtime_version(backend: str) -> str:
     package = RUNTIME_PACKAGES[backend]
     try:

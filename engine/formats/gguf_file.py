@@ -31,6 +31,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_HEADER_BYTES = 1 << 30
 # Arrays longer than this keep only their length and type (tokenizer vocabularies).
 KEEP_ARRAY_VALUES = 64
+STRING_BLOCK = 1 << 20  # bytes read at a time while walking a string array
 
 # GGUF value types.
 _SCALARS: dict[int, tuple[str, str]] = {
@@ -146,6 +147,44 @@ class _Reader:
         except UnicodeDecodeError as exc:
             raise self.fail(f"{what} is not valid UTF-8") from exc
 
+    def strings(self, count: int, key: str, keep: bool) -> list[str]:
+        """The `count` strings of an array, each checked as `string` checks it.
+
+        A tokenizer's vocabulary is 50k-150k strings, and reading them one `string` call
+        at a time took most of a header's parse (0.2 s of Python for SmolLM2's, 0.13 s
+        now). So whole blocks are read and walked here; anything unusual (a string past
+        the block, which every length over the limit is, invalid UTF-8, the file's end)
+        is left to `string` from that item on, which reads it or refuses it with its own
+        message.
+        """
+        items: list[str] = []
+        done = 0
+        while done < count:
+            start = self.pos
+            block = self.handle.read(max(0, min(STRING_BLOCK, self.remaining(),
+                                                MAX_HEADER_BYTES - self.pos)))
+            at, end = 0, len(block)
+            while done < count and at + 8 <= end:
+                length = int.from_bytes(block[at:at + 8], "little")
+                if at + 8 + length > end:  # also every length over the limit
+                    break
+                try:
+                    text = block[at + 8:at + 8 + length].decode("utf-8")
+                except UnicodeDecodeError:
+                    break
+                if keep:
+                    items.append(text)
+                at += 8 + length
+                done += 1
+            self.handle.seek(start + at)  # back to the first item not taken
+            self.pos = start + at
+            if done < count and at == 0:  # no progress in a whole block: one at a time
+                text = self.string(f"item {done} of {key}")
+                if keep:
+                    items.append(text)
+                done += 1
+        return items
+
     def scalar(self, type_id: int, what: str) -> Any:
         fmt, _ = _SCALARS[type_id]
         return struct.unpack(fmt, self.read(struct.calcsize(fmt), what))[0]
@@ -175,11 +214,7 @@ class _Reader:
                 values = struct.unpack(f"<{length}{_SCALARS[item_type][0][1:]}", raw)
                 return GgufArray(TYPE_NAMES[item_type], length, tuple(values))
             keep = length <= KEEP_ARRAY_VALUES
-            items = []
-            for i in range(length):
-                text = self.string(f"item {i} of {key}")
-                if keep:
-                    items.append(text)
+            items = self.strings(length, key, keep)
             return GgufArray("string", length, tuple(items) if keep else None)
         raise self.fail(f"metadata {printable(key)}: unknown value type {type_id}")
 
