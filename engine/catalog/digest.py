@@ -25,6 +25,14 @@ Progress = Callable[[int, int], None]
 CancelCheck = Callable[[], bool]
 
 
+# The digests this process computed, per file identity (path, size, mtime, inode,
+# device: the on-disk cache's key and the device). The on-disk cache belongs to one data
+# directory; this one lets a new data directory (a new profile, each test) record the
+# ~100 MB embedded model without hashing it again. Single dict operations, safe across
+# threads; a few entries per file ever hashed.
+_hashed: dict[tuple[str, int, int, int, int], str] = {}
+
+
 def _cache() -> StateFile:
     return StateFile(paths.digest_cache_file(), dict)
 
@@ -60,7 +68,15 @@ def sha256_file(
             st = stat_regular(path)
             progress(st.size, st.size)
         return hit
-    digest, st = hash_uncached(path, progress, cancelled)
+    st = stat_regular(path)
+    known = _hashed.get((_key(path), st.size, st.mtime_ns, st.inode, st.device))
+    if known:
+        digest = known  # hashed by this process for another data directory
+        if progress:
+            progress(st.size, st.size)
+    else:
+        digest, st = hash_uncached(path, progress, cancelled)
+        _hashed[(_key(path), st.size, st.mtime_ns, st.inode, st.device)] = digest
     entry = {"sha256": digest, "size": st.size, "mtime_ns": st.mtime_ns, "inode": st.inode}
 
     def remember(cache: dict) -> dict:
