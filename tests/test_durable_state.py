@@ -72,6 +72,7 @@ def _acks(fd: int, block_for: int) -> tuple[list[int], bool]:
         seen.extend(int(line) for line in lines if line)
 
 
+@pytest.mark.slow
 def test_writers_killed_at_random_moments_leave_the_old_or_the_new_version(
         tmp_path: Path) -> None:
     path = tmp_path / "state.json"
@@ -268,6 +269,7 @@ def test_valid_json_of_the_wrong_shape_is_set_aside_too(tmp_path: Path, bad: str
     assert aside.read_text() == bad
 
 
+@pytest.mark.slow
 def test_cli_imports_killed_at_random_moments_never_leave_a_broken_catalog(
         studio_home: Path, tmp_path: Path) -> None:
     """`adapter add` SIGKILLed at a random moment (copying, validating, hashing or

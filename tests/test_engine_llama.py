@@ -31,6 +31,7 @@ def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory, base_info
     client.close()
 
 
+@pytest.mark.slow
 def test_variant_first_then_base_in_a_fresh_engine(world) -> None:
     catalog, client = world
     reference = generate(client, catalog, BASE)

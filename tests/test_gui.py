@@ -232,6 +232,7 @@ def test_chat_streams_stops_and_survives_a_restart(populated: MainWindow, qtbot)
     again.close()
 
 
+@pytest.mark.slow
 def test_compare_view_fills_both_sides_and_exports(populated: MainWindow, qtbot) -> None:
     view = populated.compare
     populated.open_compare("va")

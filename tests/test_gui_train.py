@@ -56,6 +56,7 @@ def fill(page: TrainPage, data: Path, name: str, steps: int) -> None:
     page.rank.setValue(4)
 
 
+@pytest.mark.slow
 def test_short_training_lands_on_the_new_variant(qtbot, page: TrainPage,
                                                  tmp_path: Path) -> None:
     fill(page, small_data(tmp_path / "d.jsonl"), "gui-a", 3)
@@ -84,6 +85,7 @@ def test_short_training_lands_on_the_new_variant(qtbot, page: TrainPage,
     assert page.init_adapter.findText("gui-a") >= 0  # the page refreshed its choices
 
 
+@pytest.mark.slow
 def test_cancel_stops_the_run_and_imports_nothing(qtbot, page: TrainPage,
                                                   tmp_path: Path) -> None:
     fill(page, small_data(tmp_path / "d.jsonl"), "gui-c", 200)
@@ -126,6 +128,7 @@ def test_missing_torch_explains_how_to_enable_training(qtbot, studio_home: Path,
     assert not widget.start_button.isEnabled()
 
 
+@pytest.mark.slow
 def test_a_run_from_the_window_lands_on_the_new_variant(qtbot, window, tmp_path: Path
                                                         ) -> None:
     """In the app, the finished run's variant is selected in the library and shown."""

@@ -83,6 +83,7 @@ def size_of(path: Path) -> int:
         return 0
 
 
+@pytest.mark.slow
 def test_every_hostile_file_is_inspected_within_time_and_memory_bounds(
         tmp_path: Path, base_info: BaseModelInfo, embedded_path: Path) -> None:
     """The bound: 3 s and 16 MiB plus twice the file's real size, whatever it claims

@@ -12,6 +12,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.training import demo
 
@@ -27,6 +29,7 @@ def _desktop_entry(path: Path) -> configparser.SectionProxy:
     return parser["Desktop Entry"]
 
 
+@pytest.mark.slow
 def test_the_console_script_opens_the_window_on_the_embedded_model(studio_home: Path
                                                                    ) -> None:
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
@@ -45,6 +48,7 @@ def test_the_console_script_opens_the_window_on_the_embedded_model(studio_home: 
     assert shown["selected"] == demo.VARIANT_NAME and shown["importing"] is None
 
 
+@pytest.mark.slow
 def test_the_console_script_opens_the_import_wizard_on_a_file(studio_home: Path,
                                                               tmp_path: Path) -> None:
     """`variant-studio gui FILE` (the desktop entry's "open with") starts an import."""

@@ -237,6 +237,7 @@ def test_malformed_data_fails_with_line_numbers_in_the_worker(
     assert "x" not in Catalog().data()["adapters"]
 
 
+@pytest.mark.slow
 def test_a_failed_checkpoint_write_keeps_the_previous_one(
         tmp_path: Path, embedded_path: Path, base_info, monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.errors import RefusedError

@@ -268,6 +268,7 @@ def test_refusals_before_the_worker(studio_home: Path, tmp_path: Path,
     assert not {"r1", "r2", "r3", "r4"} & set(adapters)
 
 
+@pytest.mark.slow
 def test_python_reward_that_raises_stops_the_run(studio_home: Path, tmp_path: Path,
                                                  capsys: pytest.CaptureFixture) -> None:
     """Run in the worker (never in this process): its error names the reward file's line
