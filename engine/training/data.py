@@ -26,15 +26,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.errors import RefusedError
 from engine.formats.safeio import open_regular
 from engine.formats.templates import ROLES, Message, TemplateError
 
 MAX_DATA_BYTES = 1 << 30
+T = TypeVar("T")
 MAX_REPORTED = 8
 EXTRA_KEYS = frozenset({"id", "meta", "source"})
 TOKEN_KEYS = frozenset({"tokens", "mask"})
@@ -116,6 +118,15 @@ def read_records(path: Path, dpo: bool, n_vocab: int | None = None
 
     `n_vocab` is the base's vocabulary size: given, token lines' ids are checked against
     it here, so a bad id is reported together with every other malformed line."""
+    return parse_jsonl(path, lambda line, number: _parse_line(line, number, dpo, n_vocab),
+                       "examples")
+
+
+def parse_jsonl(path: Path, parse: Callable[[bytes, int], T], items: str
+                ) -> tuple[list[T], str]:
+    """Every non-blank line of a JSONL file through `parse(line, number)`, and the
+    file's sha256. Every malformed line is reported, with its number, in one DataError;
+    `items` names what the lines are, for an empty file ("examples", "prompts")."""
     handle, st = open_regular(Path(path))
     with handle:
         if st.size > MAX_DATA_BYTES:
@@ -123,13 +134,13 @@ def read_records(path: Path, dpo: bool, n_vocab: int | None = None
                             f"{MAX_DATA_BYTES >> 20} MiB limit")
         raw = handle.read(MAX_DATA_BYTES + 1)
     sha = hashlib.sha256(raw).hexdigest()
-    records: list[Record] = []
+    parsed: list[T] = []
     problems: list[str] = []
     for number, line in enumerate(raw.split(b"\n"), start=1):
         if not line.strip():
             continue
         try:
-            records.append(_parse_line(line, number, dpo, n_vocab))
+            parsed.append(parse(line, number))
         except DataError as exc:
             problems.append(exc.message)
     name = Path(path).name
@@ -139,9 +150,9 @@ def read_records(path: Path, dpo: bool, n_vocab: int | None = None
         raise DataError(f"{name}: {len(problems)} malformed line"
                         f"{'s' if len(problems) != 1 else ''}: {shown}",
                         details=tuple(problems))
-    if not records:
-        raise DataError(f"{name}: no examples (the file is empty)")
-    return records, sha
+    if not parsed:
+        raise DataError(f"{name}: no {items} (the file is empty)")
+    return parsed, sha
 
 
 def _parse_line(raw: bytes, number: int, dpo: bool, n_vocab: int | None) -> Record:

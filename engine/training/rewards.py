@@ -40,7 +40,7 @@ from typing import Any
 from engine.errors import RefusedError, UsageError
 from engine.formats.safeio import open_regular, printable
 from engine.formats.templates import ROLES, Message
-from engine.training.data import MAX_DATA_BYTES, MAX_REPORTED, DataError
+from engine.training.data import DataError, parse_jsonl
 
 REWARD_KINDS = ("exact", "json-schema", "python")
 PROMPT_KEYS = frozenset({"prompt", "messages", "answer", "id", "meta", "source"})
@@ -87,31 +87,8 @@ class RewardSpec:
 
 def read_prompts(path: Path, need_answer: bool) -> tuple[tuple[PromptLine, ...], str]:
     """Parse and check every line; the prompts and the file's sha256."""
-    handle, st = open_regular(Path(path))
-    with handle:
-        if st.size > MAX_DATA_BYTES:
-            raise DataError(f"{Path(path).name}: {st.size} bytes is more than the "
-                            f"{MAX_DATA_BYTES >> 20} MiB limit")
-        raw = handle.read(MAX_DATA_BYTES + 1)
-    sha = hashlib.sha256(raw).hexdigest()
-    lines: list[PromptLine] = []
-    problems: list[str] = []
-    for number, line in enumerate(raw.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            lines.append(_parse_prompt(line, number, need_answer))
-        except DataError as exc:
-            problems.append(exc.message)
-    name = Path(path).name
-    if problems:
-        more = len(problems) - MAX_REPORTED
-        shown = "; ".join(problems[:MAX_REPORTED]) + (f"; and {more} more" if more > 0 else "")
-        raise DataError(f"{name}: {len(problems)} malformed line"
-                        f"{'s' if len(problems) != 1 else ''}: {shown}",
-                        details=tuple(problems))
-    if not lines:
-        raise DataError(f"{name}: no prompts (the file is empty)")
+    lines, sha = parse_jsonl(
+        path, lambda line, number: _parse_prompt(line, number, need_answer), "prompts")
     return tuple(lines), sha
 
 
