@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from engine.catalog.store import Catalog
@@ -13,7 +14,6 @@ from engine.errors import RefusedError, UsageError
 
 def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
     from engine.training import ENABLE_HINT, torch_available
-    from engine.training.client import TrainingJob
     from engine.training.job import TrainRequest, prepare
 
     if not torch_available():
@@ -64,34 +64,24 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
         elif kind == "checkpoint":
             print(f"checkpoint at step {event['step']}: {event['path']}", file=sys.stderr)
 
-    job = TrainingJob(prepared.request, on_event).start()
-    try:
-        result = job.wait()
-    except KeyboardInterrupt:
-        job.cancel()
-        job.done.wait(60)
-        raise
+    result = _run(prepared.request, on_event)
     record = result["provenance"]
     if args.json:
         emit_json(result)
         return 0
-    files = result["files"]
     print(f"trained adapter {result['adapter']} in {record['steps']} steps "
           f"({record['time']['train_seconds']:.0f} s), loss {record['loss']['first']:.4f} "
           f"→ {record['loss']['last']:.4f}")
-    print(f"  GGUF (llama.cpp): sha256 {files['gguf']['sha256']}")
-    print(f"  PEFT (OpenVINO):  sha256 {files['peft']['sha256']}")
+    _print_files(result)
     print(f"  run directory: {result['run_dir']} (provenance.json beside the adapter)")
     if result.get("variant"):
         print(f"  variant {result['variant']} = {args.base} + {result['adapter']}")
     return 0
 
 
-
 def cmd_train_rl(catalog: Catalog, args: argparse.Namespace) -> int:
     """The reinforcement loop (engine.training.rl): sample, score, train in rounds."""
     from engine.training import ENABLE_HINT, torch_available
-    from engine.training.client import TrainingJob
     from engine.training.rl import RLRequest, RLSettings, prepare
 
     if not torch_available():
@@ -127,24 +117,36 @@ def cmd_train_rl(catalog: Catalog, args: argparse.Namespace) -> int:
                   f"step{'s' if event['steps'] != 1 else ''} ({event['seconds']:.0f} s)",
                   file=sys.stderr)
 
-    job = TrainingJob(prepared.request, on_event).start()
-    try:
-        result = job.wait()
-    except KeyboardInterrupt:
-        job.cancel()
-        job.done.wait(60)
-        raise
+    result = _run(prepared.request, on_event)
     record = result["provenance"]
     if args.json:
         emit_json(result)
         return 0
     rounds = record["rl"]["rounds"]
-    files = result["files"]
     print(f"trained adapter {result['adapter']} in {len(rounds)} rounds, {record['steps']} "
           f"steps ({record['time']['train_seconds']:.0f} s), mean reward "
           f"{rounds[0]['reward']['mean']:.3f} → {rounds[-1]['reward']['mean']:.3f}")
-    print(f"  GGUF (llama.cpp): sha256 {files['gguf']['sha256']}")
-    print(f"  PEFT (OpenVINO):  sha256 {files['peft']['sha256']}")
+    _print_files(result)
     print(f"  run directory: {result['run_dir']} (provenance.json beside the adapter, "
           "rollouts in rounds/)")
     return 0
+
+
+def _run(request: Any, on_event: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """A training job to its end. Ctrl-C asks the worker to stop and waits for it (a
+    minute at most) before the interrupt goes on to the command's handler."""
+    from engine.training.client import TrainingJob
+
+    job = TrainingJob(request, on_event).start()
+    try:
+        return job.wait()
+    except KeyboardInterrupt:
+        job.cancel()
+        job.done.wait(60)
+        raise
+
+
+def _print_files(result: dict[str, Any]) -> None:
+    files = result["files"]
+    print(f"  GGUF (llama.cpp): sha256 {files['gguf']['sha256']}")
+    print(f"  PEFT (OpenVINO):  sha256 {files['peft']['sha256']}")
