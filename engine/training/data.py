@@ -122,11 +122,12 @@ def read_records(path: Path, dpo: bool, n_vocab: int | None = None
                        "examples")
 
 
-def parse_jsonl(path: Path, parse: Callable[[bytes, int], T], items: str
+def parse_jsonl(path: Path, parse: Callable[[dict[str, Any], int], T], items: str
                 ) -> tuple[list[T], str]:
-    """Every non-blank line of a JSONL file through `parse(line, number)`, and the
-    file's sha256. Every malformed line is reported, with its number, in one DataError;
-    `items` names what the lines are, for an empty file ("examples", "prompts")."""
+    """Every non-blank line of a JSONL file, a JSON object, through `parse(object,
+    number)`, and the file's sha256. Every malformed line is reported, with its number,
+    in one DataError; `items` names what the lines are, for an empty file ("examples",
+    "prompts")."""
     handle, st = open_regular(Path(path))
     with handle:
         if st.size > MAX_DATA_BYTES:
@@ -140,7 +141,7 @@ def parse_jsonl(path: Path, parse: Callable[[bytes, int], T], items: str
         if not line.strip():
             continue
         try:
-            parsed.append(parse(line, number))
+            parsed.append(parse(_json_object(line, number), number))
         except DataError as exc:
             problems.append(exc.message)
     name = Path(path).name
@@ -155,7 +156,7 @@ def parse_jsonl(path: Path, parse: Callable[[bytes, int], T], items: str
     return parsed, sha
 
 
-def _parse_line(raw: bytes, number: int, dpo: bool, n_vocab: int | None) -> Record:
+def _json_object(raw: bytes, number: int) -> dict[str, Any]:
     def fail(reason: str) -> DataError:
         return DataError(f"line {number}: {reason}")
 
@@ -167,6 +168,14 @@ def _parse_line(raw: bytes, number: int, dpo: bool, n_vocab: int | None) -> Reco
         raise fail(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(value, dict):
         raise fail(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _parse_line(value: dict[str, Any], number: int, dpo: bool, n_vocab: int | None
+                ) -> Record:
+    def fail(reason: str) -> DataError:
+        return DataError(f"line {number}: {reason}")
+
     weight = value.get("weight", 1.0)
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(
             weight):

@@ -92,18 +92,10 @@ def read_prompts(path: Path, need_answer: bool) -> tuple[tuple[PromptLine, ...],
     return tuple(lines), sha
 
 
-def _parse_prompt(raw: bytes, number: int, need_answer: bool) -> PromptLine:
+def _parse_prompt(value: dict[str, Any], number: int, need_answer: bool) -> PromptLine:
     def fail(reason: str) -> DataError:
         return DataError(f"line {number}: {reason}")
 
-    try:
-        value = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise fail("not valid UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise fail(f"not valid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(value, dict):
-        raise fail(f"expected a JSON object, got {type(value).__name__}")
     unknown = sorted(set(value) - PROMPT_KEYS)
     if unknown:
         # A typo ("anwser") would otherwise score every sample against nothing.
