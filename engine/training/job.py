@@ -21,6 +21,7 @@ from engine.catalog.store import AdapterSpec, Catalog, now_iso
 from engine.curated import setup
 from engine.errors import Cancelled, RefusedError, UsageError
 from engine.formats import lora_io
+from engine.formats.artifacts import BaseModelInfo
 from engine.formats.safeio import printable
 from engine.state import paths
 from engine.state.statefile import write_json_atomic
@@ -155,6 +156,24 @@ def _check_free(catalog: Catalog, name: str) -> None:
 # ---------------------------------------------------------------------------- the run
 
 
+def check_inputs(catalog: Catalog, base: dict[str, Any], init: dict[str, Any] | None,
+                 emit: Emit, cancelled: Callable[[], bool]
+                 ) -> tuple[BaseModelInfo, lora_io.LoraWeights | None]:
+    """In the worker, before anything is trained: the base file is still the recorded
+    one and the starting adapter (if any) still checks; the base's inspection and the
+    starting adapter's weights."""
+    emit("stage", stage="verifying the base model")
+    status = catalog.verify_base(base["name"], cancelled=cancelled)
+    if not status.ok:
+        raise RefusedError(f"base {base['name']}: {status.detail}")
+    if init is None:
+        return catalog.base_info(base), None
+    report = health.recheck_adapter(catalog, init["name"])
+    if not report.ok:
+        raise RefusedError(f"starting adapter {init['name']}: {report.reason()}")
+    return catalog.base_info(base), lora_io.read_gguf(Path(init["path"]))
+
+
 def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) -> dict[str, Any]:
     """Train, write the adapter files and the record, and import them (worker side)."""
     catalog = Catalog()
@@ -164,22 +183,9 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
     base = prepared.base_record
     started_at = now_iso()
     clock = time.monotonic()
-    emit("stage", stage="verifying the base model")
-    status = catalog.verify_base(base["name"], cancelled=cancelled)
-    if not status.ok:
-        raise RefusedError(f"base {base['name']}: {status.detail}")
-    info = catalog.base_info(base)
+    info, init_weights = check_inputs(catalog, base, prepared.init_record, emit, cancelled)
     model_path = Path(base["path"])
-
-    init_weights = None
-    init_sha = None
-    if prepared.init_record is not None:
-        report = health.recheck_adapter(catalog, prepared.init_record["name"])
-        if not report.ok:
-            raise RefusedError(f"starting adapter {prepared.init_record['name']}: "
-                               f"{report.reason()}")
-        init_sha = prepared.init_record["sha256"]
-        init_weights = lora_io.read_gguf(Path(prepared.init_record["path"]))
+    init_sha = prepared.init_record["sha256"] if prepared.init_record is not None else None
 
     emit("stage", stage="reading the data")
     from engine.training.tokenizer import Tokenizer

@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.catalog import health, validation
+from engine.catalog import validation
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import AdapterFile
 from engine.catalog.store import Catalog, now_iso
@@ -394,19 +394,9 @@ def execute(request: RLRequest, emit: Emit, cancelled: Callable[[], bool]) -> di
     base = prepared.train.base_record
     started_at = now_iso()
     clock = time.monotonic()
-    emit("stage", stage="verifying the base model")
-    status = catalog.verify_base(base["name"], cancelled=cancelled)
-    if not status.ok:
-        raise RefusedError(f"base {base['name']}: {status.detail}")
-    info = catalog.base_info(base)
-    model_path = Path(base["path"])
     init = prepared.train.init_record
-    init_weights = None
-    if init is not None:
-        report = health.recheck_adapter(catalog, init["name"])
-        if not report.ok:
-            raise RefusedError(f"starting adapter {init['name']}: {report.reason()}")
-        init_weights = lora_io.read_gguf(Path(init["path"]))
+    info, init_weights = job.check_inputs(catalog, base, init, emit, cancelled)
+    model_path = Path(base["path"])
     if not torch_available():
         raise RefusedError(ENABLE_HINT)
     # The user's reward file runs here, in the worker, before anything slow happens.
