@@ -347,10 +347,7 @@ def _train_parser(sub: Any) -> None:
     train.add_argument("--base", required=True, help="a GGUF base model in the catalog")
     train.add_argument("--data", required=True, type=Path, help="JSONL training data")
     train.add_argument("--steps", type=int, help="optimizer steps")
-    train.add_argument("--rank", type=int, help="LoRA rank")
-    train.add_argument("--alpha", type=float, help="LoRA alpha (the multiplier is alpha/rank)")
-    train.add_argument("--lr", type=float, help="learning rate")
-    train.add_argument("--targets", help="projections to adapt, e.g. q,v (default)")
+    _lora_flags(train)
     train.add_argument("--seq-len", type=int, dest="seq_len",
                        help="tokens per training sequence")
     train.add_argument("--batch", type=int, help="sequences per step")
@@ -397,10 +394,7 @@ def _train_rl_parser(sub: Any) -> None:
     rl.add_argument("--clip", type=float, help="PPO clip of the importance ratios (0.2)")
     rl.add_argument("--kl-beta", type=float, dest="kl_beta",
                     help="weight of the KL penalty towards the base (0.04)")
-    rl.add_argument("--rank", type=int, help="LoRA rank")
-    rl.add_argument("--alpha", type=float, help="LoRA alpha (the multiplier is alpha/rank)")
-    rl.add_argument("--lr", type=float, help="learning rate")
-    rl.add_argument("--targets", help="projections to adapt, e.g. q,v (default)")
+    _lora_flags(rl)
     rl.add_argument("--seq-len", type=int, dest="seq_len",
                     help="prompt plus completion tokens at most")
     rl.add_argument("--seed", type=int, help="sampling and initialisation seed (same seed, "
@@ -421,3 +415,12 @@ def _generation_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, help="0 is greedy (default: the profile's)")
     parser.add_argument("--seed", type=int, help="sampling seed (default: the profile's)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _lora_flags(command: argparse.ArgumentParser) -> None:
+    """The LoRA's shape and learning rate, the same for train and train-rl."""
+    command.add_argument("--rank", type=int, help="LoRA rank")
+    command.add_argument("--alpha", type=float,
+                         help="LoRA alpha (the multiplier is alpha/rank)")
+    command.add_argument("--lr", type=float, help="learning rate")
+    command.add_argument("--targets", help="projections to adapt, e.g. q,v (default)")

@@ -82,12 +82,11 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
 def cmd_train_rl(catalog: Catalog, args: argparse.Namespace) -> int:
     """The reinforcement loop (engine.training.rl): sample, score, train in rounds."""
     from engine.training import ENABLE_HINT, torch_available
-    from engine.training.rl import RLRequest, RLSettings, prepare
+    from engine.training.rl import TRAIN_KEYS, RLRequest, RLSettings, prepare
 
     if not torch_available():
         raise RefusedError(ENABLE_HINT)
-    settings = {key: getattr(args, key) for key in ("rank", "alpha", "lr", "targets",
-                                                     "seq_len", "seed", "threads", "numerics")
+    settings = {key: getattr(args, key) for key in sorted(TRAIN_KEYS)
                 if getattr(args, key) is not None}
     rl = {key: getattr(args, key) for key in RLSettings.__dataclass_fields__
           if getattr(args, key) is not None}
