@@ -53,7 +53,7 @@ def main() -> int:
     from engine.curated import demo as shipped
     from engine.curated import embedded as defaults
     from engine.curated import setup
-    from engine.training import demo, demo_eval
+    from engine.training import demo, demo_eval, served_check
     from engine.training.client import TrainingJob
     from engine.training.job import TrainRequest
 
@@ -108,7 +108,7 @@ def main() -> int:
     log(json.dumps({k: results["llama"][k] for k in ("base", "variant")}))
     log("drift on unrelated text…")
     model_path = Path(catalog.model(base)["path"])
-    results["drift"] = demo_eval.drift(model_path, adapter_path)
+    results["drift"] = served_check.drift(model_path, adapter_path)
     log(json.dumps(results["drift"]))
     if args.openvino:
         from engine.curated import openvino_default

@@ -302,3 +302,48 @@ def test_training_attaches_the_openvino_file_when_the_base_has_a_counterpart(
     assert Catalog().adapter_file("ov", "openvino")["sha256"] == peft_sha
     spec = resolve(Catalog(), "ov-v", backend="openvino")
     assert spec.backend == "openvino" and spec.adapters[0].sha256 == peft_sha
+
+
+def test_every_run_is_checked_as_served(studio_home: Path, tmp_path: Path) -> None:
+    """After the adapter is written the worker measures it through llama.cpp: parity with
+    the trainer (the adapter on both) and drift on unrelated prose; the figures arrive as
+    a `checks` event before the run ends and are in the result and the record."""
+    from engine.training import served_check
+
+    result, events = run_job(TrainRequest("chk", BASE, str(sft_data(tmp_path / "d.jsonl")),
+                                          {**SMALL, "steps": 2, "lr": 3e-2}))
+    kinds = [e["event"] for e in events]
+    assert kinds.index("checks") > max(i for i, k in enumerate(kinds) if k == "progress")
+    assert kinds.index("checks") < kinds.index("finished")
+    checks = result["checks"]
+    event = events[kinds.index("checks")]
+    assert {k: event[k] for k in ("parity", "drift")} == checks
+    assert result["provenance"]["served_checks"] == checks
+    parity = checks["parity"]
+    assert parity["adapter"] == "adapter.gguf" and parity["positions"] > 150
+    assert parity["top1_agreement"] >= served_check.TOP1_LIMIT
+    assert parity["mean_abs_logprob_diff"] < 0.1
+    drift = checks["drift"]
+    # The base's NLL on these six paragraphs is the figure docs/training.md gives.
+    assert drift["texts"] == 6 and abs(drift["base"] - 3.306) < 0.01
+    assert drift["variant"] != drift["base"]  # the adapter is applied when it is scored
+    assert drift["delta"] == pytest.approx(drift["variant"] - drift["base"])
+
+
+def test_served_check_lines_flag_what_is_past_the_limits() -> None:
+    from engine.training.served_check import summary_lines
+
+    good = {"parity": {"top1_agreement": 0.975, "mean_abs_logprob_diff": 0.051},
+            "drift": {"base": 3.306, "variant": 3.33, "delta": 0.024}}
+    lines = summary_lines(good)
+    assert lines == ["parity with llama.cpp: the next token agrees 97.5%, mean |Δ log p| "
+                     "0.051 nats",
+                     "drift on unrelated text: 3.306 → 3.330 nats/token (+0.024)"]
+    bad = {"parity": {"top1_agreement": 0.9, "mean_abs_logprob_diff": 0.2},
+           "drift": {"base": 3.306, "variant": 3.504, "delta": 0.198}}
+    assert [line.endswith("]") for line in summary_lines(bad)] == [True, True]
+    assert "over +0.05" in summary_lines(bad)[1]
+    missing = summary_lines({"drift": {"error": "llama.cpp could not load the adapter"}})
+    assert missing == ["parity with llama.cpp: not measured",
+                       "drift on unrelated text: not measured (llama.cpp could not load "
+                       "the adapter)"]

@@ -146,6 +146,10 @@ def _run(request: Any, on_event: Callable[[dict[str, Any]], None]) -> dict[str, 
 
 
 def _print_files(result: dict[str, Any]) -> None:
+    from engine.training import served_check
+
     files = result["files"]
     print(f"  GGUF (llama.cpp): sha256 {files['gguf']['sha256']}")
     print(f"  PEFT (OpenVINO):  sha256 {files['peft']['sha256']}")
+    for line in served_check.summary_lines(result.get("checks") or {}):
+        print(f"  {line}")

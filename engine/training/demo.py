@@ -25,6 +25,7 @@ from engine.curated.demo import (  # noqa: F401  (the demo's names, re-used here
     VARIANT_NAME,
     resources_dir,
 )
+from engine.training.served_check import UNRELATED_TEXTS
 
 TRAIN_SIZE = 400
 HELDOUT_SIZE = 60
@@ -176,25 +177,6 @@ def score(outputs: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
             "per_tool": {k: v[0] / v[1] for k, v in sorted(per_tool.items())}}
 
 
-# Unrelated text for the drift check (mean NLL per token, base against variant): prose
-# on other subjects, never seen in training.
-DRIFT_TEXTS = (
-    "The river rose slowly through the night, and by morning the low fields along its "
-    "banks had become a wide, still lake. Farmers gathered on the bridge to watch the "
-    "water and to guess how long it would take to fall again.",
-    "Bread is one of the oldest prepared foods. Early bakers mixed ground grain with "
-    "water and baked the dough on hot stones; leavened loaves came later, when wild "
-    "yeasts were allowed to ferment the dough before it was baked.",
-    "The committee met on Tuesday to review the proposal. After a long discussion, the "
-    "members agreed that the plan needed a clearer budget and a more realistic "
-    "timetable, and they asked the authors to return with a revised version next month.",
-    "A comet is a small icy body that, when it passes close to the Sun, warms and "
-    "begins to release gases. This produces a visible atmosphere, the coma, and "
-    "sometimes a long tail that always points away from the Sun.",
-    "She learned to play the violin as a child, practising every evening after school. "
-    "Years later, when she joined the city orchestra, she still remembered the patient "
-    "teacher who had first shown her how to hold the bow.",
-    "Good documentation explains not only what a program does but why it was built "
-    "that way. Future maintainers can then change it with confidence, knowing which "
-    "decisions were deliberate and which were accidents of history.",
-)
+# Unrelated text for the drift check (mean NLL per token, base against variant): the
+# one every training run is checked with.
+DRIFT_TEXTS = UNRELATED_TEXTS

@@ -4,20 +4,15 @@ llama.cpp: each held-out request goes through the engine process's `compare` (th
 comparison view's own path): the base and the variant side by side, greedy, with the
 demo's system prompt on both sides. OpenVINO: the same, with the variant served on
 the OpenVINO counterpart of the base and the adapter's PEFT export.
-Drift: mean negative log-likelihood per token of unrelated text (`demo.DRIFT_TEXTS`)
-under the base and under the variant, scored by llama.cpp.
+Drift on unrelated text is `engine.training.served_check.drift` (every run measures it).
 
-No torch here; this runs in a test or benchmark process, and the drift check loads
-llama.cpp in that process (as the parity gate does).
+No torch here; this runs in a test or benchmark process.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from engine.catalog.store import Catalog
 from engine.training import demo
@@ -66,40 +61,3 @@ def evaluate(catalog: Catalog, variant: str, rows: list[dict[str, Any]],
                      "base": b, "variant": v}
                     for r, b, v in list(zip(rows, base_out, variant_out, strict=True))[:6]],
     }
-
-
-def drift(model_path: Path, adapter_path: Path, texts: tuple[str, ...] = demo.DRIFT_TEXTS,
-          threads: int = 2) -> dict[str, Any]:
-    """Mean NLL per token of `texts` under the base and under base + adapter (llama.cpp)."""
-    from engine.catalog.digest import sha256_file
-    from engine.catalog.resolve import AdapterFile
-    from engine.runtime.llama.backend import LlamaContext, LlamaModel
-
-    model = LlamaModel(str(model_path), "drift")
-    adapter = AdapterFile("drift", str(adapter_path), sha256_file(adapter_path), 1.0)
-    out: dict[str, Any] = {"texts": len(texts)}
-    try:
-        for label, adapters in (("base", ()), ("variant", (adapter,))):
-            context = LlamaContext(model, adapters, n_ctx=512, n_batch=512, n_threads=threads)
-            total, count = 0.0, 0
-            try:
-                for text in texts:
-                    ids = _tokens(model, text)
-                    context.reset()
-                    for logits, token in zip(context.score(ids[:1], ids[1:]), ids[1:],
-                                             strict=True):
-                        shifted = logits.astype(np.float64) - logits.max()
-                        total -= shifted[token] - np.log(np.exp(shifted).sum())
-                        count += 1
-            finally:
-                context.close()
-            out[label] = total / count
-        out["tokens"] = count
-        out["delta"] = out["variant"] - out["base"]
-    finally:
-        model.close()
-    return out
-
-
-def _tokens(model: Any, text: str) -> list[int]:
-    return model.tokenize(text, add_special=False, parse_special=False)

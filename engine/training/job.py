@@ -242,6 +242,8 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
     emit("stage", stage="writing the adapter")
     weights = trainer.weights(info.name)
     files = write_adapter_files(run_dir, weights, info.head_count, info.head_count_kv)
+    checks = check_as_served(model_path, run_dir / ADAPTER_FILE, model, config.threads, emit,
+                             cancelled)
     record = {
         "format": provenance.FORMAT,
         "adapter_sha256": files["gguf"]["sha256"],
@@ -267,19 +269,34 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
                  "total_seconds": round(time.monotonic() - clock, 3)},
         "loss": provenance.loss_summary(trainer.losses),
         "method": "dpo" if config.dpo else "sft",
+        "served_checks": checks,
         "trainer": "variant-studio: LoRA through the GGUF file's own quantized tensors, "
                    "dequantized in memory; tokens from llama.cpp",
     }
     write_json_atomic(run_dir / PROVENANCE_FILE, record)
     write_json_atomic(run_dir / PEFT_DIR / PROVENANCE_FILE, record)
     result: dict[str, Any] = {"adapter": None, "variant": None, "run_dir": str(run_dir),
-                              "files": files, "provenance": record,
+                              "files": files, "provenance": record, "checks": checks,
                               "system_prompt": data.system_prompt}
     if request.register:
         emit("stage", stage="importing into the catalog")
         result.update(import_run(catalog, request.name, base["name"], run_dir, record, files,
                                  request.variant, data.system_prompt))
     return result
+
+
+def check_as_served(model_path: Path, adapter: Path, model: Any, threads: int, emit: Emit,
+                    cancelled: Callable[[], bool]) -> dict[str, Any]:
+    """Measure the written adapter as llama.cpp serves it (parity with the trainer, drift
+    on unrelated text: `engine.training.served_check`), announced as a `checks` event."""
+    if cancelled():
+        raise Cancelled("training cancelled before the served check")
+    emit("stage", stage="checking the adapter as served (parity and drift)")
+    from engine.training import served_check
+
+    checks = served_check.measure(model_path, adapter, model, threads)
+    emit("checks", **checks)
+    return checks
 
 
 def import_run(catalog: Catalog, name: str, base: str, run_dir: Path, record: dict[str, Any],

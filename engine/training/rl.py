@@ -430,6 +430,8 @@ def execute(request: RLRequest, emit: Emit, cancelled: Callable[[], bool]) -> di
     trainer = loop.trainer
     weights = trainer.weights(info.name)
     files = job.write_adapter_files(run_dir, weights, info.head_count, info.head_count_kv)
+    checks = job.check_as_served(model_path, run_dir / job.ADAPTER_FILE, trainer.model,
+                                 config.threads, emit, cancelled)
     rounds = loop.records
     record = {
         "format": provenance.FORMAT,
@@ -458,6 +460,7 @@ def execute(request: RLRequest, emit: Emit, cancelled: Callable[[], bool]) -> di
                  "total_seconds": round(time.monotonic() - clock, 3)},
         "loss": provenance.loss_summary(trainer.losses),
         "method": "grpo",
+        "served_checks": checks,
         "rl": {
             "settings": rl.to_dict(),
             "reward": {"kind": prepared.reward.kind,
@@ -477,7 +480,7 @@ def execute(request: RLRequest, emit: Emit, cancelled: Callable[[], bool]) -> di
     write_json_atomic(run_dir / job.PROVENANCE_FILE, record)
     write_json_atomic(run_dir / job.PEFT_DIR / job.PROVENANCE_FILE, record)
     result: dict[str, Any] = {"adapter": None, "variant": None, "run_dir": str(run_dir),
-                              "files": files, "provenance": record}
+                              "files": files, "provenance": record, "checks": checks}
     if request.register:
         emit("stage", stage="importing into the catalog")
         result.update(job.import_run(catalog, request.name, base["name"], run_dir, record,
