@@ -1,11 +1,20 @@
 """The Train page: pick a base and data, set the few settings that matter, start, watch
 the loss fall, cancel, and land on the new variant.
 
+Two methods: supervised (examples; DPO under Advanced) and the reinforcement loop
+(`engine.training.rl`: prompts, a reward, rounds of sample, score, train). Fields that
+do not apply to the chosen method are hidden; the LoRA settings the loop takes
+(`rl.TRAIN_KEYS`) are shared. A Python reward is the user's own code, run in the
+training worker: it starts only once the user ticked "I trust <file> and want it run".
+
 A view over `gui.controllers.training.TrainingController`, which starts and cancels
 the runs (in a worker process) and announces what a finished run added; the page
-shows the run's events (`controller.client`'s signals) and the loss in a QtCharts plot,
-and reloads its base and adapter choices when the catalog's models or adapters change
-(`CatalogEvents`). Nothing here imports torch or a native runtime.
+shows the run's events (`controller.client`'s signals): the loss in a QtCharts plot,
+or for the loop the reward and the trainer–sampler agreement per round
+(`gui.widgets.rounds_chart`), and after the run the served check (parity and drift,
+`gui.widgets.served_check`). It reloads its base and adapter choices when the
+catalog's models or adapters change (`CatalogEvents`). The form is not kept across a
+restart. Nothing here imports torch or a native runtime.
 
 Mounting (for the main window): `page = TrainPage(controller)`; add it as a tab; the
 window listens to the controller (`variantCreated`), not to the page.
@@ -42,9 +51,19 @@ from engine.errors import StudioError
 from engine.formats import naming
 from engine.training.config import TrainConfig
 from engine.training.job import TrainRequest
+from engine.training.rl import TRAIN_KEYS, PreparedRL, RLRequest, RLSettings
 from gui.catalog_events import touches
 from gui.controllers.training import TrainingController
 from gui.widgets.loss_chart import LossChart
+from gui.widgets.rounds_chart import RoundsChart, round_line
+from gui.widgets.served_check import ServedCheckPanel
+
+SUPERVISED, REINFORCE = "supervised", "reinforce"
+# The reward kinds the loop knows (engine.training.rewards.REWARD_KINDS), as offered.
+REWARDS = (("Exact match (each line's answer)", "exact"),
+           ("JSON schema file", "json-schema"),
+           ("Python file (your own code)", "python"))
+JSONL_FILTER = "JSON lines (*.jsonl *.json);;All files (*)"
 
 
 class TrainPage(QWidget):
@@ -57,7 +76,17 @@ class TrainPage(QWidget):
         self.catalog = controller.catalog
         self.client = controller.client
         defaults = TrainConfig()
+        rl_defaults = RLSettings()
         self.last_result: dict[str, Any] | None = None
+        self.run_method = SUPERVISED  # of the run in progress or the last one
+        self._checks_seen = False  # the running job sent its served check
+
+        self.method = QComboBox()
+        self.method.addItem("Supervised (learn from examples)", SUPERVISED)
+        self.method.addItem("Reinforcement (sample, score, train)", REINFORCE)
+        self.method.setToolTip(
+            "Reinforcement: each round samples completions of every prompt with llama.cpp, "
+            "scores them with the reward and trains towards the better ones (GRPO)")
 
         self.hint = QLabel()
         self.hint.setWordWrap(True)
@@ -70,6 +99,32 @@ class TrainPage(QWidget):
         data_row = QHBoxLayout()
         data_row.addWidget(self.data, 1)
         data_row.addWidget(self.browse)
+        self.prompts = QLineEdit()
+        self.prompts.setPlaceholderText("a JSONL file: one prompt or messages per line "
+                                        "(and its answer, for exact match)")
+        self.prompts_browse = QPushButton("Browse…")
+        self.prompts_browse.clicked.connect(
+            lambda: self._browse_into(self.prompts, "Prompts", JSONL_FILTER))
+        prompts_row = QHBoxLayout()
+        prompts_row.addWidget(self.prompts, 1)
+        prompts_row.addWidget(self.prompts_browse)
+        self.reward_kind = QComboBox()
+        for label, kind in REWARDS:
+            self.reward_kind.addItem(label, kind)
+        self.reward_file = QLineEdit()
+        self.reward_browse = QPushButton("Browse…")
+        self.reward_browse.clicked.connect(self._browse_reward)
+        reward_row = QHBoxLayout()
+        reward_row.addWidget(self.reward_kind)
+        reward_row.addWidget(self.reward_file, 1)
+        reward_row.addWidget(self.reward_browse)
+        # Bound to the file named: editing the name (or the kind) asks again.
+        self.trust = QCheckBox()
+        self.reward_kind.currentIndexChanged.connect(self._reward_changed)
+        self.reward_file.textChanged.connect(self._reward_changed)
+        self.rounds = _spin(1, 10_000, rl_defaults.rounds)
+        self.samples = _spin(2, 256, rl_defaults.samples)
+        self.samples.setToolTip("completions per prompt and round: GRPO's group")
         self.name = QLineEdit()
         self.name.setPlaceholderText("name of the new adapter")
         self.variant = QLineEdit()
@@ -85,11 +140,18 @@ class TrainPage(QWidget):
         self.train_eot = QCheckBox("answers learn to stop (train the end-of-turn token)")
         self.train_eot.setChecked(True)
         main = QFormLayout()
+        self.main_form = main
+        main.addRow("Method", self.method)
         main.addRow("Base model", self.base)
         main.addRow("Training data", data_row)
+        main.addRow("Prompts", prompts_row)
+        main.addRow("Reward", reward_row)
+        main.addRow("", self.trust)
         main.addRow("Adapter name", self.name)
         main.addRow("Variant name", self.variant)
         main.addRow("Steps", self.steps)
+        main.addRow("Rounds", self.rounds)
+        main.addRow("Samples per prompt", self.samples)
         main.addRow("Learning rate", self.lr)
         main.addRow("Rank", self.rank)
         main.addRow("", self.train_eot)
@@ -121,7 +183,22 @@ class TrainPage(QWidget):
         self.numerics = QComboBox()
         self.numerics.addItems(["served", "float"])
         self.numerics.setCurrentText(defaults.numerics)
+        self.steps_per_round = _spin(1, 1000, rl_defaults.steps_per_round)
+        self.max_tokens = _spin(1, 4096, rl_defaults.max_tokens)
+        self.max_tokens.setToolTip("sampled tokens per completion at most (the end token "
+                                   "counts); prompt + this must fit the sequence length")
+        self.clip = QDoubleSpinBox()
+        self.clip.setDecimals(3)
+        self.clip.setRange(0.001, 10.0)
+        self.clip.setSingleStep(0.05)
+        self.clip.setValue(rl_defaults.clip)
+        self.kl_beta = QDoubleSpinBox()
+        self.kl_beta.setDecimals(3)
+        self.kl_beta.setRange(0.0, 100.0)
+        self.kl_beta.setSingleStep(0.01)
+        self.kl_beta.setValue(rl_defaults.kl_beta)
         adv = QFormLayout(self.advanced)
+        self.advanced_form = adv
         adv.addRow("Alpha", self.alpha)
         adv.addRow("Targets", self.targets)
         adv.addRow("Sequence length", self.seq_len)
@@ -131,9 +208,20 @@ class TrainPage(QWidget):
         adv.addRow("Checkpoint every", self.save_every)
         adv.addRow("", self.dpo)
         adv.addRow("DPO beta", self.dpo_beta)
+        adv.addRow("Steps per round", self.steps_per_round)
+        adv.addRow("Max tokens per sample", self.max_tokens)
+        adv.addRow("Ratio clip", self.clip)
+        adv.addRow("KL weight (to the base)", self.kl_beta)
         adv.addRow("Continue adapter", self.init_adapter)
         adv.addRow("Numerics", self.numerics)
         self.advanced.hide()
+        # (form, field) rows of one method only; the others are shared.
+        self._supervised_rows = [(main, data_row), (main, self.variant), (main, self.steps),
+                                 (main, self.train_eot), (adv, self.batch),
+                                 (adv, self.save_every), (adv, self.dpo), (adv, self.dpo_beta)]
+        self._rl_rows = [(main, prompts_row), (main, reward_row), (main, self.rounds),
+                         (main, self.samples), (adv, self.steps_per_round),
+                         (adv, self.max_tokens), (adv, self.clip), (adv, self.kl_beta)]
 
         self.start_button = QPushButton("Start training")
         self.start_button.setDefault(True)
@@ -155,7 +243,13 @@ class TrainPage(QWidget):
         self.warnings.setWordWrap(True)
         self.warnings.setStyleSheet("color:#b36b00")
         self.warnings.hide()
+        self.round_summary = QLabel()  # the newest round in words
+        self.round_summary.setTextInteractionFlags(
+            Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.round_summary.hide()
+        self.served = ServedCheckPanel()
         self.plot = LossChart()
+        self.rounds_plot = RoundsChart()
 
         # Everything in a scroll area: opening the advanced settings (or a long
         # warning) scrolls the page instead of growing the window past a laptop screen.
@@ -168,9 +262,12 @@ class TrainPage(QWidget):
         layout.addLayout(buttons)
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
+        layout.addWidget(self.round_summary)
         layout.addWidget(self.warnings)
+        layout.addWidget(self.served)
         self.plot.setMinimumHeight(180)
         layout.addWidget(self.plot, 1)
+        layout.addWidget(self.rounds_plot, 1)
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
         self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
@@ -179,8 +276,12 @@ class TrainPage(QWidget):
         outer.setContentsMargins(0, 0, 0, 0)
         outer.addWidget(self.scroll)
         # A refusal ("give the new adapter a name") is stale once the user acts on it.
-        for field in (self.name, self.data):
+        for field in (self.name, self.data, self.prompts, self.reward_file):
             field.textChanged.connect(self._clear_refusal)
+        self.trust.toggled.connect(self._clear_refusal)
+        self.method.currentIndexChanged.connect(self._apply_method)
+        self._reward_changed()
+        self._apply_method()
 
         c = self.client
         c.stage.connect(lambda stage: self._status(f"{stage[:1].upper()}{stage[1:]}…"))
@@ -188,6 +289,8 @@ class TrainPage(QWidget):
         c.warning.connect(self._warning)
         c.loading.connect(lambda f: self._status(f"Loading the base weights… {f:.0%}"))
         c.progress.connect(self._progress)
+        c.round.connect(self._round)
+        c.checks.connect(self._checks)
         c.checkpoint.connect(lambda step, _p: self._status(f"Checkpoint saved at step {step}."))
         c.failed.connect(self._failed)
         c.cancelled.connect(self._cancelled)
@@ -253,6 +356,36 @@ class TrainPage(QWidget):
                             data=self.data.text().strip(), settings=settings,
                             init_adapter=init, variant=self.variant.text().strip() or None)
 
+    def is_rl(self) -> bool:
+        return self.method.currentData() == REINFORCE
+
+    def reward_spec(self) -> str:
+        """The reward as `--reward` spells it: exact, json-schema:FILE or python:FILE."""
+        kind = str(self.reward_kind.currentData())
+        return kind if kind == "exact" else f"{kind}:{self.reward_file.text().strip()}"
+
+    def rl_request(self) -> RLRequest:
+        """The reinforcement request the form describes (not yet checked): the shared
+        LoRA settings the loop takes (`TRAIN_KEYS`) and the loop's own."""
+        settings: dict[str, Any] = {
+            "lr": self.lr.value(), "rank": self.rank.value(), "alpha": self.alpha.value(),
+            "targets": self.targets.text(), "seq_len": self.seq_len.value(),
+            "seed": self.seed.value(), "threads": self.threads.value(),
+            "numerics": self.numerics.currentText(),
+        }
+        assert set(settings) <= TRAIN_KEYS
+        init = self.init_adapter.currentText() or None
+        if init:  # the starting adapter decides rank, alpha and targets
+            for key in ("rank", "alpha", "targets"):
+                settings.pop(key)
+        rl = {"rounds": self.rounds.value(), "samples": self.samples.value(),
+              "steps_per_round": self.steps_per_round.value(),
+              "max_tokens": self.max_tokens.value(), "clip": self.clip.value(),
+              "kl_beta": self.kl_beta.value()}
+        return RLRequest(name=self.name.text().strip(), base=self.base.currentText(),
+                         prompts=self.prompts.text().strip(), reward=self.reward_spec(),
+                         settings=settings, rl=rl, init_adapter=init)
+
     @Slot()
     def start(self) -> None:
         if self.busy():
@@ -260,22 +393,43 @@ class TrainPage(QWidget):
         if not training.torch_available():
             self._status(training.ENABLE_HINT, error=True)
             return
+        rl_run = self.is_rl()
         try:
             if not self.name.text().strip():
                 raise StudioError("give the new adapter a name")
-            if not self.data.text().strip():
-                raise StudioError("choose a training data file")
-            prepared = self.controller.start(self.request())
+            if rl_run:
+                if not self.prompts.text().strip():
+                    raise StudioError("choose a prompts file")
+                if self.reward_kind.currentData() != "exact" and \
+                        not self.reward_file.text().strip():
+                    raise StudioError(f"choose the reward's {self.reward_kind.currentText()}")
+                prepared: Any = self.controller.start_rl(
+                    self.rl_request(), trust_python=self.trust.isChecked())
+            else:
+                if not self.data.text().strip():
+                    raise StudioError("choose a training data file")
+                prepared = self.controller.start(self.request())
         except StudioError as exc:
             self._status(exc.message, error=True)
             return
         self.last_result = None
-        self.plot.reset(prepared.config.steps)
-        self.progress.setRange(0, prepared.config.steps)
+        self.run_method = REINFORCE if rl_run else SUPERVISED
+        self._checks_seen = False
+        self.served.clear()
+        self.round_summary.clear()
+        self.round_summary.hide()
+        if isinstance(prepared, PreparedRL):
+            total = prepared.rl.rounds  # the bar counts rounds, the plot has one per round
+            self.rounds_plot.reset(total)
+        else:
+            total = prepared.config.steps
+            self.plot.reset(total)
+        self.progress.setRange(0, total)
         self.progress.setValue(0)
         self.warnings.clear()
         self.warnings.hide()
         self._set_running(True)
+        self._show_plot()
         self._status("Starting the training worker…")
 
     @Slot()
@@ -290,8 +444,11 @@ class TrainPage(QWidget):
     def _set_running(self, running: bool) -> None:
         self.start_button.setEnabled(not running and training.torch_available())
         self.cancel_button.setEnabled(running)
-        for widget in (self.base, self.data, self.browse, self.name, self.variant,
-                       self.steps, self.lr, self.rank, self.train_eot, self.advanced):
+        for widget in (self.method, self.base, self.data, self.browse, self.name,
+                       self.variant, self.steps, self.lr, self.rank, self.train_eot,
+                       self.advanced, self.prompts, self.prompts_browse, self.reward_kind,
+                       self.reward_file, self.reward_browse, self.trust, self.rounds,
+                       self.samples):
             widget.setEnabled(not running)
 
     def _status(self, text: str, error: bool = False) -> None:
@@ -328,16 +485,42 @@ class TrainPage(QWidget):
                      f"{_duration(event.get('eta', 0))} left")
 
     @Slot(dict)
+    def _round(self, event: dict) -> None:
+        point = self.rounds_plot.add(event)
+        if point is None:
+            return
+        self.progress.setRange(0, max(point.rounds, point.round))
+        self.progress.setValue(point.round)
+        self.round_summary.setText(f"{round_line(point)} · {_duration(event.get('seconds', 0))}")
+        self.round_summary.show()
+
+    @Slot(dict)
+    def _checks(self, checks: dict) -> None:
+        self._checks_seen = True
+        self.served.show_checks(checks)
+
+    @Slot(dict)
     def _finished(self, result: dict) -> None:
         self.last_result = result
         self._set_running(False)
         record = result.get("provenance", {})
         gguf = result.get("files", {}).get("gguf", {})
+        rounds = (record.get("rl") or {}).get("rounds") or []
+        if rounds:
+            summary = (f"mean reward {rounds[0]['reward']['mean']:.3f} → "
+                       f"{rounds[-1]['reward']['mean']:.3f} over {len(rounds)} round"
+                       f"{'s' if len(rounds) != 1 else ''}")
+        else:
+            summary = (f"loss {record.get('loss', {}).get('first', 0):.4f} → "
+                       f"{record.get('loss', {}).get('last', 0):.4f}")
         self._status(f"Done: adapter {result.get('adapter')} (sha256 "
-                     f"{str(gguf.get('sha256', ''))[:16]}…), loss "
-                     f"{record.get('loss', {}).get('first', 0):.4f} → "
-                     f"{record.get('loss', {}).get('last', 0):.4f}"
+                     f"{str(gguf.get('sha256', ''))[:16]}…), {summary}"
                      + (f", variant {result['variant']}." if result.get("variant") else "."))
+        # The result's copy is the final word; a run that reported none says so.
+        if isinstance(result.get("checks"), dict):
+            self.served.show_checks(result["checks"])
+        elif not self._checks_seen:
+            self.served.show_checks({})
 
     @Slot(str, list)
     def _failed(self, message: str, details: list) -> None:
@@ -359,6 +542,56 @@ class TrainPage(QWidget):
         self.advanced.setVisible(shown)
         self.advanced_toggle.setArrowType(Qt.ArrowType.DownArrow if shown
                                           else Qt.ArrowType.RightArrow)
+
+    def _apply_method(self) -> None:
+        """Show the fields of the chosen method only (the shared ones stay)."""
+        rl_on = self.is_rl()
+        for form, field in self._supervised_rows:
+            form.setRowVisible(field, not rl_on)
+        for form, field in self._rl_rows:
+            form.setRowVisible(field, rl_on)
+        self._reward_fields()
+        self.start_button.setText("Start the loop" if rl_on else "Start training")
+        if not self.busy():
+            self.run_method = REINFORCE if rl_on else SUPERVISED
+            self._show_plot()
+
+    def _show_plot(self) -> None:
+        rl_plot = self.run_method == REINFORCE
+        self.plot.setVisible(not rl_plot)
+        self.rounds_plot.setVisible(rl_plot)
+
+    def _reward_changed(self) -> None:
+        # A new file (or kind) needs a new confirmation: the tick is for the file named.
+        self.trust.setChecked(False)
+        name = Path(self.reward_file.text().strip()).name or "this Python file"
+        self.trust.setText(f"I trust {name} and want it run (your code, run in the "
+                           "training worker)")
+        self._reward_fields()
+
+    def _reward_fields(self) -> None:
+        """The reward's file only for a kind that has one, the trust box only for code
+        (after the method's rows were shown: showing a row shows all of its widgets)."""
+        kind = self.reward_kind.currentData()
+        with_file = self.is_rl() and kind != "exact"
+        self.reward_file.setVisible(with_file)
+        self.reward_browse.setVisible(with_file)
+        self.reward_file.setPlaceholderText(
+            "the JSON schema a completion's first JSON object must match"
+            if kind == "json-schema" else "a .py file with reward(prompt, completion) -> float")
+        self.main_form.setRowVisible(self.trust, self.is_rl() and kind == "python")
+
+    def _browse_reward(self) -> None:
+        python = self.reward_kind.currentData() == "python"
+        self._browse_into(self.reward_file, "Reward", "Python (*.py);;All files (*)" if python
+                          else "JSON schema (*.json);;All files (*)")
+
+    def _browse_into(self, field: QLineEdit, title: str, filters: str) -> None:
+        text = field.text().strip()
+        start = str(Path(text).parent) if text else os.getcwd()
+        path, _ = QFileDialog.getOpenFileName(self, title, start, filters)
+        if path:
+            field.setText(path)
 
     def _suggest_variant(self, text: str) -> None:
         if not self.variant.isModified():

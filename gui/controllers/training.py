@@ -9,20 +9,28 @@ on the GUI thread. `TrainingController` checks a request against the catalog
 worker has written the adapter and the variant to the catalog) it announces them
 (`CatalogEvents.changed`), then emits `trained(result)` and `variantCreated(name)` /
 `adapterCreated(name)`, so the page shows the result and the window lands on the new
-variant. Nothing here imports torch or a native runtime.
+variant. The reinforcement loop (`engine.training.rl`) goes the same way through
+`start_rl`, which is also where a Python reward needs the user's explicit trust: the
+file is the user's own code, run in the worker. Nothing here imports torch or a native
+runtime.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from engine.catalog.store import Catalog
+from engine.errors import RefusedError
+from engine.formats.safeio import printable
 from engine.runtime.protocol import error_from_payload
+from engine.training import rl
 from engine.training.client import TrainingJob
 from engine.training.job import Prepared, TrainRequest, prepare
+from engine.training.rewards import parse_reward
 from gui.catalog_events import CatalogEvents
 
 
@@ -38,6 +46,12 @@ class TrainingClient(QObject):
     warning = Signal(str)
     loading = Signal(float)  # fraction of the base weights loaded
     progress = Signal(dict)  # step, steps, loss, lr, seconds, eta, ...
+    # A reinforcement round: round, rounds, reward {mean, min, max}, agreement {tokens,
+    # mean_abs, max_abs, exact, within, tolerance}, steps, step, loss [...], seconds.
+    round = Signal(dict)
+    # After the adapter is written: the served check, {"parity": {...}, "drift": {...}}
+    # (either part missing or {"error": message} when it could not be measured).
+    checks = Signal(dict)
     checkpoint = Signal(int, str)
     finished = Signal(dict)  # the job's result (adapter, variant, files, provenance)
     failed = Signal(str, list)  # message, details
@@ -55,7 +69,7 @@ class TrainingClient(QObject):
     def busy(self) -> bool:
         return self._job is not None
 
-    def start(self, request: TrainRequest) -> None:
+    def start(self, request: TrainRequest | rl.RLRequest) -> None:
         """Start `request` (already checked with `prepare`); raises if one is running."""
         if self._job is not None:
             raise RuntimeError("a training run is already in progress")
@@ -90,6 +104,10 @@ class TrainingClient(QObject):
             self.loading.emit(float(event.get("fraction", 0.0)))
         elif kind == "progress":
             self.progress.emit(event)
+        elif kind == "round":
+            self.round.emit(event)
+        elif kind == "checks":
+            self.checks.emit({k: v for k, v in event.items() if k != "event"})
         elif kind == "checkpoint":
             self._checkpoint = str(event.get("path", ""))
             self.checkpoint.emit(int(event.get("step", 0)), self._checkpoint)
@@ -129,6 +147,20 @@ class TrainingController(QObject):
         """Check `request` against the catalog and start it; raises StudioError (nothing
         started) when it is refused."""
         prepared = prepare(self.catalog, request)
+        self.client.start(prepared.request)
+        return prepared
+
+    def start_rl(self, request: rl.RLRequest, trust_python: bool = False) -> rl.PreparedRL:
+        """Check a reinforcement request against the catalog and start it; raises
+        StudioError (nothing started) when it is refused. A `python:FILE` reward runs the
+        user's code in the worker, so it starts only with `trust_python` (the page's
+        explicit confirmation), checked here so no caller can skip it."""
+        reward = parse_reward(request.reward)  # an unknown kind is refused here too
+        if reward.kind == "python" and not trust_python:
+            name = printable(Path(reward.path or "").name, 80)
+            raise RefusedError(f"the Python reward {name} runs as code in the training "
+                               "worker: confirm that you trust the file and want it run")
+        prepared = rl.prepare(self.catalog, request)
         self.client.start(prepared.request)
         return prepared
 
