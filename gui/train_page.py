@@ -178,6 +178,14 @@ class TrainPage(QWidget):
         self.dpo_beta = QDoubleSpinBox()
         self.dpo_beta.setRange(0.001, 100)
         self.dpo_beta.setValue(defaults.dpo_beta)
+        self.kl = QDoubleSpinBox()
+        self.kl.setDecimals(2)
+        self.kl.setRange(0.0, 1000.0)
+        self.kl.setSingleStep(0.1)
+        self.kl.setValue(defaults.kl)
+        self.kl.setToolTip("weight of a KL penalty toward the base on the prompts' text: "
+                           "keeps the adapter from changing what the model does elsewhere "
+                           "(0 is off; each step also scores the batch with the base)")
         self.init_adapter = QComboBox()
         # served: llama.cpp's own roundings in the forward pass; float: the old arithmetic.
         self.numerics = QComboBox()
@@ -208,6 +216,7 @@ class TrainPage(QWidget):
         adv.addRow("Checkpoint every", self.save_every)
         adv.addRow("", self.dpo)
         adv.addRow("DPO beta", self.dpo_beta)
+        adv.addRow("Stay near the base (KL)", self.kl)
         adv.addRow("Steps per round", self.steps_per_round)
         adv.addRow("Max tokens per sample", self.max_tokens)
         adv.addRow("Ratio clip", self.clip)
@@ -218,7 +227,8 @@ class TrainPage(QWidget):
         # (form, field) rows of one method only; the others are shared.
         self._supervised_rows = [(main, data_row), (main, self.variant), (main, self.steps),
                                  (main, self.train_eot), (adv, self.batch),
-                                 (adv, self.save_every), (adv, self.dpo), (adv, self.dpo_beta)]
+                                 (adv, self.save_every), (adv, self.dpo), (adv, self.dpo_beta),
+                                 (adv, self.kl)]
         self._rl_rows = [(main, prompts_row), (main, reward_row), (main, self.rounds),
                          (main, self.samples), (adv, self.steps_per_round),
                          (adv, self.max_tokens), (adv, self.clip), (adv, self.kl_beta)]
@@ -348,6 +358,8 @@ class TrainPage(QWidget):
             "dpo": self.dpo.isChecked(), "dpo_beta": self.dpo_beta.value(),
             "numerics": self.numerics.currentText(),
         }
+        if not settings["dpo"]:
+            settings["kl"] = self.kl.value()  # DPO has its own reference (its beta)
         init = self.init_adapter.currentText() or None
         if init:  # the starting adapter decides rank, alpha and targets
             for key in ("rank", "alpha", "targets"):

@@ -144,3 +144,16 @@ def test_a_run_from_the_window_lands_on_the_new_variant(qtbot, window, tmp_path:
     assert window.detail.entry["adapters"][0]["name"] == "win-a"
     assert window.chat.model_name == "win-a-v"
     assert "trained variant win-a-v" in window.statusBar().currentMessage()
+
+
+def test_the_kl_setting_goes_with_supervised_runs_only(qtbot, page: TrainPage,
+                                                        tmp_path: Path) -> None:
+    fill(page, small_data(tmp_path / "d.jsonl"), "gui-kl", 3)
+    page.kl.setValue(0.5)
+    assert page.request().settings["kl"] == 0.5
+    page.dpo.setChecked(True)  # DPO's reference is its beta: no KL setting is sent
+    assert "kl" not in page.request().settings
+    page.dpo.setChecked(False)
+    assert page.kl.isVisibleTo(page)
+    page.method.setCurrentIndex(page.method.findData("reinforce"))
+    assert not page.kl.isVisibleTo(page)

@@ -134,11 +134,6 @@ def test_rounds_plot_and_served_check_from_the_workers_events(qtbot, page: Train
         page.served.drift.text()
     assert served_check.FLAG_COLOR in page.served.drift.styleSheet()
     assert page.served.title() == "Served check: needs a look"
-    # The window flags what the CLI flags (the widget keeps copies of the engine's).
-    from engine.training import served_check as engine_check
-
-    assert (served_check.TOP1_LIMIT, served_check.DRIFT_LIMIT) == (
-        engine_check.TOP1_LIMIT, engine_check.DRIFT_LIMIT)
     # Just over one threshold, just under the other.
     feed({"event": "checks", "parity": {**PARITY, "top1_agreement": 0.93},
           "drift": {**DRIFT, "delta": 0.0501}})

@@ -160,6 +160,9 @@ def test_preference_pairs_share_their_prompt(tmp_path: Path, tokenizer: Tokenize
     ({"steps": 2.5}, "steps must be a whole number"),
     ({"bogus": 1}, "unknown training settings: bogus"),
     ({"seq_len": 4}, "seq-len must be a whole number from 8"),
+    ({"kl": float("nan")}, "kl must be a finite number"),
+    ({"kl": -0.5}, "kl must be between 0 and 1000"),
+    ({"dpo": True, "kl": 1.0}, "kl is for supervised runs"),
 ])
 def test_config_refuses_bad_settings(settings: dict, reason: str) -> None:
     with pytest.raises(UsageError, match=reason):
@@ -179,7 +182,7 @@ def test_numerics_default_to_served_and_old_records_mean_float() -> None:
     from engine.curated.demo import DEMO_SETTINGS
     from engine.training.config import record_settings
 
-    assert record_settings({"rank": 4}) == {"numerics": "float", "rank": 4}
+    assert record_settings({"rank": 4}) == {"numerics": "float", "kl": 0.0, "rank": 4}
     assert TrainConfig().numerics == "served"
     with pytest.raises(UsageError, match="numerics must be one of served, float"):
         TrainConfig.from_dict({"numerics": "fast"})

@@ -358,6 +358,9 @@ def _train_parser(sub: Any) -> None:
                        help="served (default): train through llama.cpp's own roundings "
                        "(8-bit activations, fp16 attention); float: float32 activations, "
                        "as adapters trained before issue 16")
+    train.add_argument("--kl", type=float, metavar="WEIGHT",
+                       help="keep the adapter close to the base on the prompts' text: "
+                       "weight of a KL penalty toward the base (0, the default, is off)")
     train.add_argument("--train-eot", action="store_true", dest="train_eot",
                        help="also train the end-of-turn token so answers learn to stop")
     train.add_argument("--init-adapter", dest="init_adapter", metavar="ADAPTER",

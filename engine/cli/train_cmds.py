@@ -23,7 +23,7 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
                          "(supervised training has no beta)")
     settings: dict[str, Any] = {}
     for key in ("steps", "rank", "alpha", "lr", "targets", "seq_len", "batch", "seed",
-                "save_every", "dpo_beta", "threads", "numerics"):
+                "save_every", "dpo_beta", "threads", "numerics", "kl"):
         value = getattr(args, key)
         if value is not None:
             settings[key] = value

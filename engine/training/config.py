@@ -17,9 +17,11 @@ from engine.formats import naming
 DEFAULT_TARGETS = ("attn_q", "attn_v")
 # "served": the forward pass rounds where llama.cpp does (engine.training.served_math);
 # "float": float32 activations, the only arithmetic before issue 16. A provenance record
-# without the setting was trained with "float" (record_settings).
+# without the setting was trained with "float" (RECORD_DEFAULTS).
 NUMERICS = ("served", "float")
-RECORD_DEFAULT_NUMERICS = "float"
+# What a provenance record without a setting was trained with: records from before the
+# setting existed.
+RECORD_DEFAULTS: dict[str, Any] = {"numerics": "float", "kl": 0.0}
 # Pinned so that the numbers do not depend on which CPU runs them: PyTorch's own
 # kernels use their AVX2 code; MKL (PyTorch's matrix products) its COMPATIBLE branch,
 # the one MKL documents as giving the same results on Intel and non-Intel CPUs (its
@@ -50,6 +52,9 @@ class TrainConfig:
     threads: int = 2
     save_every: int = 0  # 0: no intermediate checkpoints
     numerics: str = "served"
+    # Weight of the KL penalty toward the base (adapter off) on the next-token
+    # distributions at every prompt position (supervised runs); 0 switches it off.
+    kl: float = 0.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -75,6 +80,9 @@ class TrainConfig:
         _int(self.save_every, "save-every", 0, 1_000_000)
         check(isinstance(self.train_eot, bool) and isinstance(self.dpo, bool),
               "train_eot and dpo are true or false")
+        _num(self.kl, "kl", 0.0, 1e3, allow_zero=True)
+        check(not (self.dpo and self.kl), "kl is for supervised runs (DPO has its own "
+              "reference in dpo-beta)")
         check(self.numerics in NUMERICS,
               f"numerics must be one of {', '.join(NUMERICS)}, got {self.numerics!r}")
 
@@ -143,5 +151,6 @@ def _num(value: Any, name: str, low: float, high: float, allow_zero: bool = Fals
 
 def record_settings(config: dict[str, Any]) -> dict[str, Any]:
     """A recorded `config` as settings that retrain it: records written before the
-    numerics setting existed were trained with float activations."""
-    return {"numerics": RECORD_DEFAULT_NUMERICS, **config}
+    numerics setting existed were trained with float activations, before the KL
+    setting with none."""
+    return {**RECORD_DEFAULTS, **config}

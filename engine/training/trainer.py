@@ -133,10 +133,19 @@ class Trainer:
         return self._target_logps(sequences)
 
     def _target_logps(self, sequences: list[Sequence]) -> list[torch.Tensor]:
-        """Per sequence: the log-probabilities of its target tokens (in order).
+        """Per sequence: the log-probabilities of its target tokens (in order)."""
+        return self._forward(sequences, anchors=False)[0]
+
+    def _forward(self, sequences: list[Sequence], anchors: bool
+                 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Per sequence, the log-probabilities of its target tokens (in order); with
+        `anchors`, also the next-token log-distributions (positions, vocab) at every
+        position that predicts a token that is not a target (the prompt's), for the KL
+        penalty toward the base.
 
         Sequences that share a prefix (a system prompt, DPO's common prompt) compute it
-        once: its keys and values are shared by every row of the batch.
+        once: its keys and values are shared by every row of the batch, and its anchor
+        positions count once.
         """
         prefix = shared_prefix(sequences) if len(sequences) > 1 else 0
         if prefix < MIN_SHARED_PREFIX:
@@ -144,6 +153,7 @@ class Trainer:
         length = max(len(s.tokens) for s in sequences) - prefix
         ids = torch.zeros(len(sequences), length, dtype=torch.long)
         rows, cols, targets, sizes = [], [], [], []
+        anchor_rows, anchor_cols = [], []
         for i, seq in enumerate(sequences):
             ids[i, :len(seq.tokens) - prefix] = torch.tensor(seq.tokens[prefix:],
                                                              dtype=torch.long)
@@ -154,25 +164,56 @@ class Trainer:
                     cols.append(t - 1 - prefix)
                     targets.append(seq.tokens[t])
                     count += 1
+                elif t > prefix:
+                    anchor_rows.append(i)
+                    anchor_cols.append(t - 1 - prefix)
             sizes.append(count)
-        past = None
+        past, head = None, None
         if prefix:
-            head = torch.tensor([sequences[0].tokens[:prefix]], dtype=torch.long)
-            past = self.model.hidden(head, keep=True)[1]
+            first = torch.tensor([sequences[0].tokens[:prefix]], dtype=torch.long)
+            head, past = self.model.hidden(first, keep=True)
         hidden = self.model.hidden(ids, past)[0]
         picked = hidden[torch.tensor(rows), torch.tensor(cols)]
         logp = torch.log_softmax(self.model.logits(picked), dim=-1)
         chosen = logp.gather(1, torch.tensor(targets)[:, None])[:, 0]
-        return list(torch.split(chosen, sizes))
+        spread = None
+        if anchors:
+            parts = [hidden[torch.tensor(anchor_rows, dtype=torch.long),
+                            torch.tensor(anchor_cols, dtype=torch.long)]]
+            if head is not None:
+                parts.insert(0, head[0])
+            spread = torch.log_softmax(self.model.logits(torch.cat(parts)), dim=-1)
+        return list(torch.split(chosen, sizes)), spread
 
     def _sft_loss(self, batch: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
         examples = [self.data.examples[i] for i in batch]
-        logps = self._target_logps([e.sequences[0] for e in examples])
+        sequences = [e.sequences[0] for e in examples]
+        kl_weight = self.config.kl
+        reference = None
+        if kl_weight:
+            # The base (adapter off) in this very batch: the same shapes and shared
+            # prefix, so before the first update the penalty is exactly zero.
+            self.model.lora_enabled = False
+            try:
+                with torch.no_grad():
+                    reference = self._forward(sequences, anchors=True)[1]
+            finally:
+                self.model.lora_enabled = True
+        logps, spread = self._forward(sequences, anchors=kl_weight > 0)
         total = sum(int(x.numel()) for x in logps)
         weighted = torch.stack([x.sum() * e.weight for x, e in zip(logps, examples,
                                                                      strict=True)])
         loss = -weighted.sum() / total
-        return loss, {"tokens": float(total)}
+        metrics = {"tokens": float(total)}
+        if reference is not None and spread is not None and len(spread):
+            # KL(base || adapted) of the next-token distributions at the prompt's
+            # positions, averaged over them: the adapter is pulled back wherever it
+            # changes what the model expects of text that is not an answer.
+            kl = (reference.exp() * (reference - spread)).sum(-1).mean()
+            loss = loss + kl_weight * kl
+            metrics["kl"] = float(kl.detach())
+            metrics["kl_positions"] = float(len(spread))
+        return loss, metrics
 
     def _reference_logps(self, batch: list[int]) -> list[tuple[float, float]]:
         """Reference scores (adapter off), computed once per example on its own, so the

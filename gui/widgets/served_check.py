@@ -23,8 +23,10 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QGroupBox, QLabel, QWidget
 
-TOP1_LIMIT = 0.93  # the parity gate's threshold (tests/test_training_parity.py)
-DRIFT_LIMIT = 0.05  # nats per token on unrelated text
+# The engine's thresholds (its CLI output flags with the same ones); the module imports
+# neither torch nor a runtime.
+from engine.training.served_check import DRIFT_LIMIT, TOP1_LIMIT
+
 OK, FLAG, MISSING = "ok", "flag", "missing"
 FLAG_COLOR, OK_COLOR, MISSING_COLOR = "#c0392b", "#2e8b57", "#7f7f7f"
 
