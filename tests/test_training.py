@@ -304,6 +304,7 @@ def test_training_attaches_the_openvino_file_when_the_base_has_a_counterpart(
     assert spec.backend == "openvino" and spec.adapters[0].sha256 == peft_sha
 
 
+@pytest.mark.slow
 def test_every_run_is_checked_as_served(studio_home: Path, tmp_path: Path) -> None:
     """After the adapter is written the worker measures it through llama.cpp: parity with
     the trainer (the adapter on both) and drift on unrelated prose; the figures arrive as
@@ -349,6 +350,7 @@ def test_served_check_lines_flag_what_is_past_the_limits() -> None:
                        "the adapter)"]
 
 
+@pytest.mark.slow
 def test_the_kl_penalty_starts_at_zero_and_keeps_the_prompts_text_near_the_base(
         tmp_path: Path, embedded_path: Path, base_info) -> None:
     """`kl` adds KL(base || adapted) at the prompt's positions, the base scored in the

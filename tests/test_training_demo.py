@@ -111,6 +111,28 @@ def test_retraining_the_demo_reproduces_its_sha256(studio_home: Path) -> None:
     assert result["provenance"]["loss"]["curve"] == RECORD["loss"]["curve"]
 
 
+def test_the_scoring_tool_and_the_served_check_measure_the_same_drift(
+        studio_home: Path, capsys: pytest.CaptureFixture) -> None:
+    """Drift on unrelated prose, by the scoring tool on the shipped text file and by the
+    served check every training run makes (the same six paragraphs): the same figure."""
+    from engine.training import served_check
+
+    text = FOLDER / "unrelated.txt"
+    assert tuple(text.read_text(encoding="utf-8").splitlines()) == \
+        served_check.UNRELATED_TEXTS
+    catalog = Catalog()
+    setup.first_run(catalog, with_demo=True)
+    assert cli.main(["score", BASE, demo.VARIANT_NAME, "--data", str(text), "--json"]) == 0
+    base, variant = json.loads(capsys.readouterr().out)["results"]
+    checked = served_check.drift(Path(catalog.model(BASE)["path"]),
+                                 Path(catalog.adapter(demo.ADAPTER_NAME)["path"]))
+    assert base["tokens"] == variant["tokens"] == checked["tokens"] == 261
+    assert base["mean_nll"] == pytest.approx(checked["base"], abs=0.005)
+    assert variant["mean_nll"] - base["mean_nll"] == pytest.approx(checked["delta"], abs=0.005)
+    # The shipped demo (trained without the KL penalty) moves unrelated text by ~+0.2.
+    assert checked["delta"] > served_check.DRIFT_LIMIT
+
+
 @pytest.mark.slow
 def test_the_variant_beats_the_base_on_held_out_requests(studio_home: Path) -> None:
     from engine.training import demo_eval

@@ -115,7 +115,8 @@ def summary_lines(checks: dict[str, Any]) -> list[str]:
         lines.append("drift on unrelated text: not measured" + _why(drift_))
     else:
         delta = drift_["delta"]
-        mark = "" if delta <= DRIFT_LIMIT else f"  [over +{DRIFT_LIMIT} nats/token]"
+        mark = "" if delta <= DRIFT_LIMIT else (f"  [over +{DRIFT_LIMIT} nats/token: "
+                                                 "--kl holds it down]")
         lines.append(f"drift on unrelated text: {drift_['base']:.3f} → {drift_['variant']:.3f} "
                      f"nats/token ({delta:+.3f}){mark}")
     return lines

@@ -95,7 +95,8 @@ def drift_line(drift: Any) -> CheckLine:
     text = f"Unrelated text: {base:.3f} → {variant:.3f} nats/token ({delta:+.3f}){where}."
     if delta > DRIFT_LIMIT:
         return CheckLine(f"{text} More than +{DRIFT_LIMIT:g}: the adapter also changes "
-                         "how the model reads text outside its task.", FLAG)
+                         "how the model reads text outside its task; \"Stay near the "
+                         "base (KL)\" under Advanced settings holds it down.", FLAG)
     return CheckLine(text, OK)
 
 
