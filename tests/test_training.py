@@ -356,8 +356,6 @@ def test_the_kl_penalty_starts_at_zero_and_keeps_the_prompts_text_near_the_base(
     """`kl` adds KL(base || adapted) at the prompt's positions, the base scored in the
     same batch: zero before the first update, and a run with it leaves the prompts'
     next-token distributions closer to the base than the same run without it."""
-    import torch
-
     from engine.training import data as data_mod
     from engine.training import trainer as trainer_mod
     from engine.training.config import TrainConfig
@@ -372,10 +370,9 @@ def test_the_kl_penalty_starts_at_zero_and_keeps_the_prompts_text_near_the_base(
     model = LlamaTorch(embedded_path)
 
     def prompt_kl(trainer: trainer_mod.Trainer) -> float:
-        with torch.no_grad():
-            model.lora_enabled = False
+        with trainer.scoring():
             reference = trainer._forward(sequences, anchors=True)[1]
-            model.lora_enabled = True
+        with trainer.scoring(adapter=True):
             adapted = trainer._forward(sequences, anchors=True)[1]
         assert reference is not None and adapted is not None
         return float((reference.exp() * (reference - adapted)).sum(-1).mean())

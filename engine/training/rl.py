@@ -330,16 +330,9 @@ def score_groups(trainer: Any, groups: list[list[Sequence]], adapter: bool
                  ) -> list[list[np.ndarray]]:
     """Per group, per sequence: the trainer's log-probabilities of its targets, without
     gradients, with the adapter on (the policy) or off (the reference)."""
-    import torch
-
-    model = trainer.model
-    model.lora_enabled = adapter
-    try:
-        with torch.no_grad():
-            return [[x.numpy().astype(np.float64) for x in trainer.target_logps(group)]
-                    for group in groups]
-    finally:
-        model.lora_enabled = True
+    with trainer.scoring(adapter):
+        return [[x.numpy().astype(np.float64) for x in trainer.target_logps(group)]
+                for group in groups]
 
 
 def grpo_step(trainer: Any, groups: list[list[Sequence]], weights: list[list[float]],

@@ -23,7 +23,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ scoring
 
+    @contextmanager
+    def scoring(self, adapter: bool = False) -> Iterator[None]:
+        """Score without gradients, with the adapter on, or off: the base, which is the
+        reference of DPO, of the KL penalty and of the RL loop (no second copy)."""
+        self.model.lora_enabled = adapter
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.model.lora_enabled = True
+
     def target_logps(self, sequences: list[Sequence]) -> list[torch.Tensor]:
         """Per sequence: the log-probabilities of its target tokens, with the adapter as
         it is now (the RL loop scores rollouts with it)."""
@@ -193,12 +205,8 @@ class Trainer:
         if kl_weight:
             # The base (adapter off) in this very batch: the same shapes and shared
             # prefix, so before the first update the penalty is exactly zero.
-            self.model.lora_enabled = False
-            try:
-                with torch.no_grad():
-                    reference = self._forward(sequences, anchors=True)[1]
-            finally:
-                self.model.lora_enabled = True
+            with self.scoring():
+                reference = self._forward(sequences, anchors=True)[1]
         logps, spread = self._forward(sequences, anchors=kl_weight > 0)
         total = sum(int(x.numel()) for x in logps)
         weighted = torch.stack([x.sum() * e.weight for x, e in zip(logps, examples,
@@ -221,12 +229,8 @@ class Trainer:
         for i in dict.fromkeys(batch):
             if i in self._reference:
                 continue
-            self.model.lora_enabled = False
-            try:
-                with torch.no_grad():
-                    chosen, rejected = self._target_logps(list(self.data.examples[i].sequences))
-            finally:
-                self.model.lora_enabled = True
+            with self.scoring():
+                chosen, rejected = self._target_logps(list(self.data.examples[i].sequences))
             self._reference[i] = (float(chosen.sum()), float(rejected.sum()))
         return [self._reference[i] for i in batch]
 
@@ -238,12 +242,8 @@ class Trainer:
             # shapes, another shared prefix) moves its log-probabilities by ~0.03, which
             # would enter every margin as noise. Score the reference in this very batch,
             # so policy and reference differ only by the adapter (step 1 is log 2 exactly).
-            self.model.lora_enabled = False
-            try:
-                with torch.no_grad():
-                    ref = [float(x.sum()) for x in self._target_logps(sequences)]
-            finally:
-                self.model.lora_enabled = True
+            with self.scoring():
+                ref = [float(x.sum()) for x in self._target_logps(sequences)]
             reference = [(ref[2 * k], ref[2 * k + 1]) for k in range(len(examples))]
         else:
             reference = self._reference_logps(batch)
