@@ -43,6 +43,9 @@ def main() -> int:
     parser.add_argument("--openvino", action="store_true", help="also measure on OpenVINO")
     parser.add_argument("--heldout", type=int, default=0, help="only the first N held-out")
     parser.add_argument("--no-parity", action="store_true")
+    parser.add_argument("--settings", type=json.loads, default={},
+                        help='with --train: JSON overriding DEMO_SETTINGS, e.g. '
+                        '\'{"kl": 0.3}\' (how docs/training.md\'s --kl table was made)')
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="vs-bench-training-"))
     os.environ["VARIANT_STUDIO_HOME"] = str(home)
@@ -73,7 +76,8 @@ def main() -> int:
                 log(f"  {event.get('message') or event.get('stage')}")
 
         request = TrainRequest(name="demo-trained", base=base,
-                               data=str(folder / "train.jsonl"), settings=demo.DEMO_SETTINGS,
+                               data=str(folder / "train.jsonl"),
+                               settings={**demo.DEMO_SETTINGS, **args.settings},
                                variant="demo-trained-v")
         started = time.monotonic()
         trained = TrainingJob(request, on_event).start().wait()

@@ -178,11 +178,7 @@ class TrainPage(QWidget):
         self.dpo_beta = QDoubleSpinBox()
         self.dpo_beta.setRange(0.001, 100)
         self.dpo_beta.setValue(defaults.dpo_beta)
-        self.kl = QDoubleSpinBox()
-        self.kl.setDecimals(2)
-        self.kl.setRange(0.0, 1000.0)
-        self.kl.setSingleStep(0.1)
-        self.kl.setValue(defaults.kl)
+        self.kl = _double(0.0, 1000.0, defaults.kl, decimals=2, step=0.1)
         self.kl.setToolTip("weight of a KL penalty toward the base on the prompts' text: "
                            "keeps the adapter from changing what the model does elsewhere "
                            "(0 is off; each step also scores the batch with the base)")
@@ -195,16 +191,8 @@ class TrainPage(QWidget):
         self.max_tokens = _spin(1, 4096, rl_defaults.max_tokens)
         self.max_tokens.setToolTip("sampled tokens per completion at most (the end token "
                                    "counts); prompt + this must fit the sequence length")
-        self.clip = QDoubleSpinBox()
-        self.clip.setDecimals(3)
-        self.clip.setRange(0.001, 10.0)
-        self.clip.setSingleStep(0.05)
-        self.clip.setValue(rl_defaults.clip)
-        self.kl_beta = QDoubleSpinBox()
-        self.kl_beta.setDecimals(3)
-        self.kl_beta.setRange(0.0, 100.0)
-        self.kl_beta.setSingleStep(0.01)
-        self.kl_beta.setValue(rl_defaults.kl_beta)
+        self.clip = _double(0.001, 10.0, rl_defaults.clip, decimals=3, step=0.05)
+        self.kl_beta = _double(0.0, 100.0, rl_defaults.kl_beta, decimals=3, step=0.01)
         adv = QFormLayout(self.advanced)
         self.advanced_form = adv
         adv.addRow("Alpha", self.alpha)
@@ -620,6 +608,16 @@ class TrainPage(QWidget):
 def _spin(low: int, high: int, value: int) -> QSpinBox:
     spin = QSpinBox()
     spin.setRange(low, high)
+    spin.setValue(value)
+    return spin
+
+
+def _double(low: float, high: float, value: float, decimals: int, step: float
+            ) -> QDoubleSpinBox:
+    spin = QDoubleSpinBox()
+    spin.setDecimals(decimals)
+    spin.setRange(low, high)
+    spin.setSingleStep(step)
     spin.setValue(value)
     return spin
 

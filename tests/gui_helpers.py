@@ -1,5 +1,5 @@
-"""Helpers shared by the window tests: wait bounds, the wizard's background steps, and
-driving a modal dialog from inside its own event loop."""
+"""Helpers shared by the window tests: wait bounds, a Train page, the wizard's background
+steps, and driving a modal dialog from inside its own event loop."""
 
 from __future__ import annotations
 
@@ -13,6 +13,24 @@ from PySide6.QtCore import QTimer
 # in seconds instead of hiding behind a ten-minute wait.
 LONG = 600_000
 SHORT = 10_000
+
+
+def make_train_page(qtbot: Any) -> Any:  # -> gui.train_page.TrainPage
+    """A Train page over a fresh catalog (the test's data directory), with its own
+    catalog events."""
+    from engine.catalog.store import Catalog
+    from engine.curated import setup
+    from gui.catalog_events import CatalogEvents
+    from gui.controllers.training import TrainingController
+    from gui.train_page import TrainPage
+
+    catalog = Catalog()
+    setup.first_run(catalog)
+    events = CatalogEvents()
+    widget = TrainPage(TrainingController(catalog, events))
+    widget._events = events  # kept alive with the page
+    qtbot.addWidget(widget)
+    return widget
 
 
 def wait_step(qtbot: Any, dialog: Any) -> None:

@@ -9,13 +9,11 @@ from pathlib import Path
 import pytest
 
 from engine.catalog.store import Catalog
-from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.training import torch_available
-from gui.catalog_events import CatalogEvents
-from gui.controllers.training import TrainingController
 from gui.train_page import TrainPage
 from tests.gui_helpers import LONG
+from tests.gui_helpers import make_train_page as make_page
 
 pytestmark = pytest.mark.skipif(not torch_available(),
                                 reason="PyTorch (the [train] extra) is not installed")
@@ -25,16 +23,6 @@ def small_data(path: Path) -> Path:
     rows = [{"prompt": f"Q: {i} + 1 =", "completion": f" {i + 1}"} for i in range(12)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def make_page(qtbot) -> TrainPage:
-    catalog = Catalog()
-    setup.first_run(catalog)
-    events = CatalogEvents()
-    widget = TrainPage(TrainingController(catalog, events))
-    widget._events = events  # kept alive with the page
-    qtbot.addWidget(widget)
-    return widget
 
 
 @pytest.fixture

@@ -17,15 +17,12 @@ from typing import Any
 import pytest
 
 from engine.catalog.store import Catalog
-from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.training import torch_available
 from engine.training.rl import RLRequest, RLSettings
-from gui.catalog_events import CatalogEvents
-from gui.controllers.training import TrainingController
 from gui.train_page import TrainPage
 from gui.widgets import served_check
-from tests.gui_helpers import LONG
+from tests.gui_helpers import LONG, make_train_page
 
 pytestmark = pytest.mark.skipif(not torch_available(),
                                 reason="PyTorch (the [train] extra) is not installed")
@@ -62,12 +59,7 @@ DRIFT = {"texts": 6, "tokens": 261, "base": 3.306, "variant": 3.354, "delta": 0.
 
 @pytest.fixture
 def page(qtbot, studio_home: Path):
-    catalog = Catalog()
-    setup.first_run(catalog)
-    events = CatalogEvents()
-    widget = TrainPage(TrainingController(catalog, events))
-    widget._events = events  # kept alive with the page
-    qtbot.addWidget(widget)
+    widget = make_train_page(qtbot)
     yield widget
     widget.controller.shutdown()  # never leave a worker behind
 

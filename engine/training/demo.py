@@ -25,7 +25,6 @@ from engine.curated.demo import (  # noqa: F401  (the demo's names, re-used here
     VARIANT_NAME,
     resources_dir,
 )
-from engine.training.served_check import UNRELATED_TEXTS
 
 TRAIN_SIZE = 400
 HELDOUT_SIZE = 60
@@ -175,8 +174,3 @@ def score(outputs: list[str], rows: list[dict[str, Any]]) -> dict[str, Any]:
     n = len(rows)
     return {"n": n, "strict": strict / n, "lenient": lenient / n,
             "per_tool": {k: v[0] / v[1] for k, v in sorted(per_tool.items())}}
-
-
-# Unrelated text for the drift check (mean NLL per token, base against variant): the
-# one every training run is checked with.
-DRIFT_TEXTS = UNRELATED_TEXTS
