@@ -182,6 +182,18 @@ class TrainPage(QWidget):
         self.kl.setToolTip("weight of a KL penalty toward the base on the prompts' text: "
                            "keeps the adapter from changing what the model does elsewhere "
                            "(0 is off; each step also scores the batch with the base)")
+        self.kl_text = QLineEdit()
+        self.kl_text.setPlaceholderText("the prompts' text, or a file of unrelated prose "
+                                        "(one passage per line)")
+        self.kl_text.setToolTip("with a KL weight: hold the adapter to the base on this "
+                                "text instead of the prompts (text it should leave alone)")
+        self.kl_text_browse = QPushButton("Browse…")
+        self.kl_text_browse.clicked.connect(
+            lambda: self._browse_into(self.kl_text, "Text to leave alone",
+                                      "Text (*.txt);;All files (*)"))
+        kl_text_row = QHBoxLayout()
+        kl_text_row.addWidget(self.kl_text, 1)
+        kl_text_row.addWidget(self.kl_text_browse)
         self.init_adapter = QComboBox()
         # served: llama.cpp's own roundings in the forward pass; float: the old arithmetic.
         self.numerics = QComboBox()
@@ -205,6 +217,7 @@ class TrainPage(QWidget):
         adv.addRow("", self.dpo)
         adv.addRow("DPO beta", self.dpo_beta)
         adv.addRow("Stay near the base (KL)", self.kl)
+        adv.addRow("KL measured on", kl_text_row)
         adv.addRow("Steps per round", self.steps_per_round)
         adv.addRow("Max tokens per sample", self.max_tokens)
         adv.addRow("Ratio clip", self.clip)
@@ -216,7 +229,7 @@ class TrainPage(QWidget):
         self._supervised_rows = [(main, data_row), (main, self.variant), (main, self.steps),
                                  (main, self.train_eot), (adv, self.batch),
                                  (adv, self.save_every), (adv, self.dpo), (adv, self.dpo_beta),
-                                 (adv, self.kl)]
+                                 (adv, self.kl), (adv, kl_text_row)]
         self._rl_rows = [(main, prompts_row), (main, reward_row), (main, self.rounds),
                          (main, self.samples), (adv, self.steps_per_round),
                          (adv, self.max_tokens), (adv, self.clip), (adv, self.kl_beta)]
@@ -346,15 +359,18 @@ class TrainPage(QWidget):
             "dpo": self.dpo.isChecked(), "dpo_beta": self.dpo_beta.value(),
             "numerics": self.numerics.currentText(),
         }
+        kl_text = None
         if not settings["dpo"]:
             settings["kl"] = self.kl.value()  # DPO has its own reference (its beta)
+            kl_text = self.kl_text.text().strip() or None
         init = self.init_adapter.currentText() or None
         if init:  # the starting adapter decides rank, alpha and targets
             for key in ("rank", "alpha", "targets"):
                 settings.pop(key)
         return TrainRequest(name=self.name.text().strip(), base=self.base.currentText(),
                             data=self.data.text().strip(), settings=settings,
-                            init_adapter=init, variant=self.variant.text().strip() or None)
+                            init_adapter=init, variant=self.variant.text().strip() or None,
+                            kl_text=kl_text)
 
     def is_rl(self) -> bool:
         return self.method.currentData() == REINFORCE

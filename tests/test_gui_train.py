@@ -138,10 +138,12 @@ def test_the_kl_setting_goes_with_supervised_runs_only(qtbot, page: TrainPage,
                                                         tmp_path: Path) -> None:
     fill(page, small_data(tmp_path / "d.jsonl"), "gui-kl", 3)
     page.kl.setValue(0.5)
-    assert page.request().settings["kl"] == 0.5
+    assert page.request().settings["kl"] == 0.5 and page.request().kl_text is None
+    page.kl_text.setText(" /data/prose.txt ")
+    assert page.request().kl_text == "/data/prose.txt"
     page.dpo.setChecked(True)  # DPO's reference is its beta: no KL setting is sent
-    assert "kl" not in page.request().settings
+    assert "kl" not in page.request().settings and page.request().kl_text is None
     page.dpo.setChecked(False)
-    assert page.kl.isVisibleTo(page)
+    assert page.kl.isVisibleTo(page) and page.kl_text.isVisibleTo(page)
     page.method.setCurrentIndex(page.method.findData("reinforce"))
-    assert not page.kl.isVisibleTo(page)
+    assert not page.kl.isVisibleTo(page) and not page.kl_text.isVisibleTo(page)

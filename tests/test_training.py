@@ -387,3 +387,52 @@ def test_the_kl_penalty_starts_at_zero_and_keeps_the_prompts_text_near_the_base(
     assert "kl" not in free_steps[0]
     without = prompt_kl(free)
     assert with_penalty < 0.5 * without, (with_penalty, without)
+
+
+@pytest.mark.slow
+def test_a_kl_text_moves_the_penalty_onto_its_passages(
+        tmp_path: Path, embedded_path: Path, base_info) -> None:
+    """With a KL text the penalty is measured on `kl_batch` of its passages per step
+    (every position of each), not on the prompts: zero before the first update, and the
+    run leaves the passages closer to the base than the same run without it, while the
+    examples' batches stay as they were."""
+    from engine.training import data as data_mod
+    from engine.training import trainer as trainer_mod
+    from engine.training.config import TrainConfig
+    from engine.training.model import LlamaTorch
+    from engine.training.tokenizer import Tokenizer
+
+    settings = {**SMALL, "steps": 4, "lr": 3e-2}
+    text = tmp_path / "unrelated.txt"
+    text.write_text("The river rose slowly through the night.\n\n"
+                    "Bread is one of the oldest prepared foods.\n"
+                    "A comet is a small icy body that warms near the Sun.\n")
+    with Tokenizer(embedded_path, base_info) as tok:
+        data = data_mod.load(sft_data(tmp_path / "d.jsonl"), tok, SMALL["seq_len"], True,
+                             False, 4, SMALL["batch"])
+        kl_text = data_mod.load_kl_text(text, tok, SMALL["seq_len"])
+    assert len(kl_text.passages) == 3 and kl_text.truncated == 0
+    model = LlamaTorch(embedded_path)
+
+    def text_kl(trainer: trainer_mod.Trainer) -> float:
+        passages = list(kl_text.passages)
+        with trainer.scoring():
+            reference = trainer._distributions(passages)
+        with trainer.scoring(adapter=True):
+            adapted = trainer._distributions(passages)
+        return float((reference.exp() * (reference - adapted)).sum(-1).mean())
+
+    config = TrainConfig.from_dict({**settings, "kl": 20.0, "kl_batch": 2})
+    penalised = trainer_mod.Trainer(model, config, data, "base-sha", kl_text=kl_text)
+    drawn = penalised.kl_passages(0)
+    steps = [penalised.train_step() for _ in range(4)]
+    assert steps[0]["kl"] == 0.0
+    assert steps[0]["kl_positions"] == sum(len(p) - 1 for p in drawn)
+    with_penalty = text_kl(penalised)
+    free = trainer_mod.Trainer(model, TrainConfig.from_dict(settings), data, "base-sha")
+    assert [free.batch_indices(s) for s in range(4)] == \
+        [penalised.batch_indices(s) for s in range(4)]
+    for _ in range(4):
+        free.train_step()
+    without = text_kl(free)
+    assert with_penalty < 0.5 * without, (with_penalty, without)

@@ -153,6 +153,24 @@ def test_preference_pairs_share_their_prompt(tmp_path: Path, tokenizer: Tokenize
     assert chosen.tokens[:first] == rejected.tokens[:first]
 
 
+def test_a_kl_text_is_its_lines_as_served_prose(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """One passage per non-empty line, tokenized without special tokens (as the drift
+    check scores prose), cut to seq-len; non-UTF-8 and empty files are refused."""
+    path = tmp_path / "kl.txt"
+    path.write_text("The river rose slowly.\n\n   \n" + " ".join(["word"] * 60) + "\nHi\n")
+    text = data_mod.load_kl_text(path, tokenizer, 16)
+    river = tokenizer.tokenize("The river rose slowly.", add_special=False)
+    assert text.passages[0] == tuple(river) and len(text.passages[1]) == 16
+    assert text.truncated == 1
+    assert text.summary()["passages"] == len(text.passages) and text.summary()["file"] == "kl.txt"
+    path.write_bytes(b"fine\n\xff\xfe broken\n")
+    with pytest.raises(data_mod.DataError, match="kl.txt: line 2: not valid UTF-8"):
+        data_mod.load_kl_text(path, tokenizer, 16)
+    path.write_text("\n\n")
+    with pytest.raises(data_mod.DataError, match="the KL text is empty"):
+        data_mod.load_kl_text(path, tokenizer, 16)
+
+
 @pytest.mark.parametrize(("settings", "reason"), [
     ({"rank": 0}, "rank must be a whole number"),
     ({"lr": float("nan")}, "learning rate must be a finite number"),
@@ -163,6 +181,7 @@ def test_preference_pairs_share_their_prompt(tmp_path: Path, tokenizer: Tokenize
     ({"kl": float("nan")}, "kl must be a finite number"),
     ({"kl": -0.5}, "kl must be between 0 and 1000"),
     ({"dpo": True, "kl": 1.0}, "kl is for supervised runs"),
+    ({"kl_batch": 0}, "kl-batch must be a whole number from 1"),
 ])
 def test_config_refuses_bad_settings(settings: dict, reason: str) -> None:
     with pytest.raises(UsageError, match=reason):
@@ -182,7 +201,8 @@ def test_numerics_default_to_served_and_old_records_mean_float() -> None:
     from engine.curated.demo import DEMO_SETTINGS
     from engine.training.config import record_settings
 
-    assert record_settings({"rank": 4}) == {"numerics": "float", "kl": 0.0, "rank": 4}
+    assert record_settings({"rank": 4}) == {"numerics": "float", "kl": 0.0, "kl_batch": 2,
+                                            "rank": 4}
     assert TrainConfig().numerics == "served"
     with pytest.raises(UsageError, match="numerics must be one of served, float"):
         TrainConfig.from_dict({"numerics": "fast"})

@@ -310,6 +310,10 @@ def provenance_lines(record: dict[str, Any]) -> list[str]:
     ]
     if "peft" in files:
         lines.append(f"peft_sha256: {files['peft'].get('sha256')} (OpenVINO export)")
+    kl_text = record.get("kl_text")
+    if isinstance(kl_text, dict):
+        lines.append(f"kl_text_sha256: {kl_text.get('sha256')} ({kl_text.get('file')}, "
+                     f"{kl_text.get('passages')} passages the KL penalty was measured on)")
     lines += [
         f"seed: {record.get('seed')}",
         f"method: {record.get('method')}",

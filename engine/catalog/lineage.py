@@ -165,6 +165,14 @@ def _adapter(record: dict[str, Any], role: str, index: _Index, seen: frozenset[s
         data_sha if isinstance(data_sha, str) else None, False,
         f"{data.get('examples', '?')} examples, {data.get('target_tokens', '?')} target "
         f"tokens; recorded at {printable(str(data.get('path')), 160)}"))
+    kl_text = provenance.get("kl_text")
+    if isinstance(kl_text, dict):
+        kl_sha = kl_text.get("sha256")
+        children.append(Node(
+            "data", "kl text", printable(str(kl_text.get("file") or "KL text"), 80),
+            kl_sha if isinstance(kl_sha, str) else None, False,
+            f"{kl_text.get('passages', '?')} passages the KL penalty held to the base; "
+            f"recorded at {printable(str(kl_text.get('path')), 160)}"))
     init = provenance.get("init_adapter")
     steps = f"{provenance.get('method', 'sft')}, {provenance.get('steps', '?')} steps, seed " \
             f"{provenance.get('seed', '?')}"

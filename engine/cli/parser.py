@@ -361,6 +361,12 @@ def _train_parser(sub: Any) -> None:
     train.add_argument("--kl", type=float, metavar="WEIGHT",
                        help="keep the adapter close to the base on the prompts' text: "
                        "weight of a KL penalty toward the base (0, the default, is off)")
+    train.add_argument("--kl-text", type=Path, dest="kl_text", metavar="FILE",
+                       help="with --kl: measure the penalty on this text instead (one "
+                       "passage of unrelated prose per line, which the adapter should "
+                       "leave alone)")
+    train.add_argument("--kl-batch", type=int, dest="kl_batch", metavar="N",
+                       help="passages of the KL text per step (default 2)")
     train.add_argument("--train-eot", action="store_true", dest="train_eot",
                        help="also train the end-of-turn token so answers learn to stop")
     train.add_argument("--init-adapter", dest="init_adapter", metavar="ADAPTER",

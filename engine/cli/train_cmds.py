@@ -23,7 +23,7 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
                          "(supervised training has no beta)")
     settings: dict[str, Any] = {}
     for key in ("steps", "rank", "alpha", "lr", "targets", "seq_len", "batch", "seed",
-                "save_every", "dpo_beta", "threads", "numerics", "kl"):
+                "save_every", "dpo_beta", "threads", "numerics", "kl", "kl_batch"):
         value = getattr(args, key)
         if value is not None:
             settings[key] = value
@@ -33,7 +33,8 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
     request = TrainRequest(name=args.name, base=args.base, data=str(args.data),
                            settings=settings, init_adapter=args.init_adapter,
                            resume=str(args.resume) if args.resume else None,
-                           variant=args.variant)
+                           variant=args.variant,
+                           kl_text=str(args.kl_text) if args.kl_text else None)
     prepared = prepare(catalog, request)  # refuse a bad request before starting anything
     quiet = bool(args.json)
 

@@ -21,7 +21,7 @@ DEFAULT_TARGETS = ("attn_q", "attn_v")
 NUMERICS = ("served", "float")
 # What a provenance record without a setting was trained with: records from before the
 # setting existed.
-RECORD_DEFAULTS: dict[str, Any] = {"numerics": "float", "kl": 0.0}
+RECORD_DEFAULTS: dict[str, Any] = {"numerics": "float", "kl": 0.0, "kl_batch": 2}
 # Pinned so that the numbers do not depend on which CPU runs them: PyTorch's own
 # kernels use their AVX2 code; MKL (PyTorch's matrix products) its COMPATIBLE branch,
 # the one MKL documents as giving the same results on Intel and non-Intel CPUs (its
@@ -53,8 +53,10 @@ class TrainConfig:
     save_every: int = 0  # 0: no intermediate checkpoints
     numerics: str = "served"
     # Weight of the KL penalty toward the base (adapter off) on the next-token
-    # distributions at every prompt position (supervised runs); 0 switches it off.
+    # distributions at every prompt position (supervised runs), or, when the run has a
+    # KL text, at every position of `kl_batch` of its passages per step; 0 switches it off.
     kl: float = 0.0
+    kl_batch: int = 2
 
     def __post_init__(self) -> None:
         def check(ok: bool, message: str) -> None:
@@ -81,6 +83,7 @@ class TrainConfig:
         check(isinstance(self.train_eot, bool) and isinstance(self.dpo, bool),
               "train_eot and dpo are true or false")
         _num(self.kl, "kl", 0.0, 1e3, allow_zero=True)
+        _int(self.kl_batch, "kl-batch", 1, 4096)
         check(not (self.dpo and self.kl), "kl is for supervised runs (DPO has its own "
               "reference in dpo-beta)")
         check(self.numerics in NUMERICS,
@@ -152,5 +155,5 @@ def _num(value: Any, name: str, low: float, high: float, allow_zero: bool = Fals
 def record_settings(config: dict[str, Any]) -> dict[str, Any]:
     """A recorded `config` as settings that retrain it: records written before the
     numerics setting existed were trained with float activations, before the KL
-    setting with none."""
+    setting with none (and so the KL batch never applied)."""
     return {**RECORD_DEFAULTS, **config}

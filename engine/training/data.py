@@ -19,6 +19,9 @@ the bookkeeping keys `id`, `meta`, `source`. Anything else is refused, with the 
 number, so a typo never trains silently on the wrong field. With `train_eot` the
 end-of-turn token after each trained answer is a target too, so answers learn to stop;
 token lines are left as their mask says (their ids are exact; a warning says so).
+
+A KL text (`load_kl_text`) is plain text, one passage per non-empty line, that the
+adapter must leave alone: the KL penalty toward the base is measured on it.
 """
 
 from __future__ import annotations
@@ -429,6 +432,53 @@ def _chat(tok: Any, messages: list[Message], train_eot: bool, line: int
         parts.append((rest, False))
         covered = full
     return parts
+
+
+# ---------------------------------------------------------------------------- KL text
+
+
+@dataclass(frozen=True)
+class KlText:
+    """Passages of unrelated text, tokenized as served scoring tokenizes prose (no
+    special tokens): the KL penalty holds the adapter to the base on them."""
+
+    path: str
+    sha256: str
+    passages: tuple[tuple[int, ...], ...]
+    truncated: int
+
+    def summary(self) -> dict[str, Any]:
+        return {"file": Path(self.path).name, "sha256": self.sha256,
+                "passages": len(self.passages),
+                "tokens": sum(len(p) for p in self.passages), "truncated": self.truncated}
+
+
+def load_kl_text(path: Path, tokenizer: Any, seq_len: int) -> KlText:
+    """Every non-empty line of a UTF-8 text file as a passage, cut to `seq_len` tokens;
+    refused when a line is not UTF-8 or no line has two tokens (nothing to predict)."""
+    handle, st = open_regular(Path(path))
+    with handle:
+        if st.size > MAX_DATA_BYTES:
+            raise DataError(f"{Path(path).name}: {st.size} bytes is more than the "
+                            f"{MAX_DATA_BYTES >> 20} MiB limit")
+        raw = handle.read(MAX_DATA_BYTES + 1)
+    name = Path(path).name
+    passages, truncated = [], 0
+    for number, line in enumerate(raw.split(b"\n"), start=1):
+        try:
+            text = line.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise DataError(f"{name}: line {number}: not valid UTF-8") from None
+        if not text:
+            continue
+        ids = tokenizer.tokenize(text, add_special=False, parse_special=False)
+        if len(ids) > seq_len:
+            ids, truncated = ids[:seq_len], truncated + 1
+        if len(ids) >= 2:
+            passages.append(tuple(ids))
+    if not passages:
+        raise DataError(f"{name}: no text to hold the adapter to (the KL text is empty)")
+    return KlText(str(path), hashlib.sha256(raw).hexdigest(), tuple(passages), truncated)
 
 
 # ---------------------------------------------------------------------------- the whole file

@@ -50,17 +50,18 @@ class TrainRequest:
     variant: str | None = None
     run_dir: str | None = None
     register: bool = True
+    kl_text: str | None = None  # unrelated text the KL penalty is measured on
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "base": self.base, "data": self.data,
                 "settings": dict(self.settings), "init_adapter": self.init_adapter,
                 "resume": self.resume, "variant": self.variant, "run_dir": self.run_dir,
-                "register": self.register}
+                "register": self.register, "kl_text": self.kl_text}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> TrainRequest:
         known = {"name", "base", "data", "settings", "init_adapter", "resume", "variant",
-                 "run_dir", "register"}
+                 "run_dir", "register", "kl_text"}
         if not isinstance(data, dict) or set(data) - known:
             raise UsageError("malformed training request")
         return TrainRequest(**data)
@@ -123,6 +124,14 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
                                  f"adapter's {value}; leave it out to continue the adapter")
             settings[key] = value
     config = TrainConfig.from_dict(settings)
+    kl_text = None
+    if request.kl_text:
+        kl_path = Path(request.kl_text).expanduser()
+        if not kl_path.is_file():
+            raise UsageError(f"KL text {printable(str(kl_path))} does not exist")
+        if not config.kl:
+            raise UsageError("a KL text needs a KL weight (--kl WEIGHT) to be measured with")
+        kl_text = str(kl_path.absolute())
     if request.resume:
         checkpoint = Path(request.resume).expanduser()
         if not checkpoint.is_file():
@@ -133,8 +142,8 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         run_dir = paths.data_dir() / "training" / f"{request.name}-{stamp}"
-    return Prepared(replace(request, data=str(data_path.absolute()), settings=settings),
-                    config, base, init, run_dir)
+    return Prepared(replace(request, data=str(data_path.absolute()), settings=settings,
+                            kl_text=kl_text), config, base, init, run_dir)
 
 
 def _normal(key: str, value: Any) -> Any:
@@ -193,6 +202,8 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
     with Tokenizer(model_path, info) as tokenizer:
         data = data_mod.load(Path(request.data), tokenizer, config.seq_len, config.train_eot,
                              config.dpo, config.steps, config.batch)
+        kl_text = None if request.kl_text is None else \
+            data_mod.load_kl_text(Path(request.kl_text), tokenizer, config.seq_len)
     emit("data", **data.summary())
     for warning in data.warnings:
         emit("warning", message=warning)
@@ -217,7 +228,8 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
             raise Cancelled("training cancelled while loading the base weights")
 
     model = LlamaTorch(model_path, loading, numerics=config.numerics)
-    trainer = trainer_mod.Trainer(model, config, data, base["sha256"], init_weights, init_sha)
+    trainer = trainer_mod.Trainer(model, config, data, base["sha256"], init_weights, init_sha,
+                                  kl_text)
     run_dir = prepared.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = run_dir / CHECKPOINT_FILE
@@ -253,6 +265,8 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
                  "sha256": base["sha256"]},
         "data_sha256": data.sha256,
         "data": {**data.summary(), "path": str(Path(request.data))},
+        "kl_text": None if kl_text is None else {**kl_text.summary(),
+                                                 "path": str(Path(kl_text.path))},
         "seed": config.seed,
         "config": config.to_dict(),
         "init_adapter": None if prepared.init_record is None else {

@@ -116,7 +116,7 @@ def summary_lines(checks: dict[str, Any]) -> list[str]:
     else:
         delta = drift_["delta"]
         mark = "" if delta <= DRIFT_LIMIT else (f"  [over +{DRIFT_LIMIT} nats/token: "
-                                                 "--kl holds it down]")
+                                                 "--kl with --kl-text holds it down]")
         lines.append(f"drift on unrelated text: {drift_['base']:.3f} → {drift_['variant']:.3f} "
                      f"nats/token ({delta:+.3f}){mark}")
     return lines

@@ -34,7 +34,7 @@ import torch
 from engine.errors import Cancelled, RefusedError
 from engine.formats import lora_io, naming
 from engine.training.config import TrainConfig, record_settings
-from engine.training.data import DataSet, Sequence
+from engine.training.data import DataSet, KlText, Sequence
 from engine.training.model import LlamaTorch
 
 ADAM_BETAS = (0.9, 0.999)
@@ -70,10 +70,11 @@ class Trainer:
 
     def __init__(self, model: LlamaTorch, config: TrainConfig, data: DataSet,
                  base_sha256: str, init: lora_io.LoraWeights | None = None,
-                 init_sha256: str | None = None) -> None:
+                 init_sha256: str | None = None, kl_text: KlText | None = None) -> None:
         self.model = model
         self.config = config
         self.data = data
+        self.kl_text = kl_text
         self.base_sha256 = base_sha256
         self.init_sha256 = init_sha256
         self.step = 0
@@ -124,6 +125,22 @@ class Trainer:
                 rng = np.random.default_rng([self.config.seed, epoch])
                 self._perms[epoch] = rng.permutation(n)
             out.append(int(self._perms[epoch][position]))
+        return out
+
+    def kl_passages(self, step: int) -> list[tuple[int, ...]]:
+        """The KL text's passages for `step`: epochs of their own seeded permutation,
+        drawn apart from the examples' so adding a KL text leaves the batches as they were."""
+        assert self.kl_text is not None
+        passages = self.kl_text.passages
+        n = len(passages)
+        out = []
+        for j in range(self.config.kl_batch):
+            epoch, position = divmod(step * self.config.kl_batch + j, n)
+            key = -1 - epoch  # the examples' epochs are >= 0
+            if key not in self._perms:
+                rng = np.random.default_rng([self.config.seed, 1, epoch])
+                self._perms[key] = rng.permutation(n)
+            out.append(passages[int(self._perms[key][position])])
         return out
 
     # ------------------------------------------------------------------ scoring
@@ -197,26 +214,48 @@ class Trainer:
             spread = torch.log_softmax(self.model.logits(torch.cat(parts)), dim=-1)
         return list(torch.split(chosen, sizes)), spread
 
+    def _distributions(self, passages: list[tuple[int, ...]]) -> torch.Tensor:
+        """Next-token log-distributions at every position of `passages` that predicts a
+        token of its own (positions, vocab), in order."""
+        ids = torch.zeros(len(passages), max(len(p) for p in passages), dtype=torch.long)
+        rows, cols = [], []
+        for i, passage in enumerate(passages):
+            ids[i, :len(passage)] = torch.tensor(passage, dtype=torch.long)
+            rows += [i] * (len(passage) - 1)
+            cols += range(len(passage) - 1)
+        hidden = self.model.hidden(ids)[0]
+        picked = hidden[torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long)]
+        return torch.log_softmax(self.model.logits(picked), dim=-1)
+
     def _sft_loss(self, batch: list[int]) -> tuple[torch.Tensor, dict[str, float]]:
         examples = [self.data.examples[i] for i in batch]
         sequences = [e.sequences[0] for e in examples]
         kl_weight = self.config.kl
-        reference = None
-        if kl_weight:
+        on_prompts = bool(kl_weight) and self.kl_text is None
+        reference = spread = None
+        if kl_weight and self.kl_text is not None:
+            # On the KL text: the base and the adapted model on the same passages.
+            passages = self.kl_passages(self.step)
+            with self.scoring():
+                reference = self._distributions(passages)
+            spread = self._distributions(passages)
+        elif on_prompts:
             # The base (adapter off) in this very batch: the same shapes and shared
             # prefix, so before the first update the penalty is exactly zero.
             with self.scoring():
                 reference = self._forward(sequences, anchors=True)[1]
-        logps, spread = self._forward(sequences, anchors=kl_weight > 0)
+        logps, prompt_spread = self._forward(sequences, anchors=on_prompts)
+        if on_prompts:
+            spread = prompt_spread
         total = sum(int(x.numel()) for x in logps)
         weighted = torch.stack([x.sum() * e.weight for x, e in zip(logps, examples,
                                                                      strict=True)])
         loss = -weighted.sum() / total
         metrics = {"tokens": float(total)}
         if reference is not None and spread is not None and len(spread):
-            # KL(base || adapted) of the next-token distributions at the prompt's
-            # positions, averaged over them: the adapter is pulled back wherever it
-            # changes what the model expects of text that is not an answer.
+            # KL(base || adapted) of the next-token distributions at the prompt's (or
+            # the KL text's) positions, averaged over them: the adapter is pulled back
+            # wherever it changes what the model expects of text that is not an answer.
             kl = (reference.exp() * (reference - spread)).sum(-1).mean()
             loss = loss + kl_weight * kl
             metrics["kl"] = float(kl.detach())
@@ -326,6 +365,7 @@ class Trainer:
             "config": json.dumps(self.config.output_affecting(), sort_keys=True),
             "base_sha256": self.base_sha256,
             "data_sha256": self.data.sha256,
+            "kl_text_sha256": self.kl_text.sha256 if self.kl_text is not None else "",
             "init_sha256": self.init_sha256 or "",
             "losses": json.dumps(self.losses),
         }
@@ -355,8 +395,9 @@ class Trainer:
                 raise RefusedError(f"{path.name} is not a training checkpoint")
             mine = self._meta()
             for key, what in (("base_sha256", "base model"), ("data_sha256", "data"),
-                              ("init_sha256", "starting adapter")):
-                if meta.get(key) != mine[key]:
+                              ("init_sha256", "starting adapter"),
+                              ("kl_text_sha256", "KL text")):
+                if meta.get(key, "") != mine[key]:
                     raise RefusedError(f"checkpoint {path.name} was made with a different "
                                        f"{what}; it cannot be resumed with this one")
             # A checkpoint from before the numerics setting was trained in float.

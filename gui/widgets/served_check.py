@@ -96,7 +96,8 @@ def drift_line(drift: Any) -> CheckLine:
     if delta > DRIFT_LIMIT:
         return CheckLine(f"{text} More than +{DRIFT_LIMIT:g}: the adapter also changes "
                          "how the model reads text outside its task; \"Stay near the "
-                         "base (KL)\" under Advanced settings holds it down.", FLAG)
+                         "base (KL)\", measured on a file of such text, under Advanced "
+                         "settings holds it down.", FLAG)
     return CheckLine(text, OK)
 
 
