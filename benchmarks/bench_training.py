@@ -46,6 +46,9 @@ def main() -> int:
     parser.add_argument("--settings", type=json.loads, default={},
                         help='with --train: JSON overriding DEMO_SETTINGS, e.g. '
                         '\'{"kl": 0.3}\' (how docs/training.md\'s --kl table was made)')
+    parser.add_argument("--kl-text", default=None, metavar="FILE",
+                        help="with --train: the KL text (default: the demo's own, "
+                        "resources/demo/kl_prose.txt; \"\" for the prompts' text)")
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="vs-bench-training-"))
     os.environ["VARIANT_STUDIO_HOME"] = str(home)
@@ -75,10 +78,11 @@ def main() -> int:
             elif event.get("event") in ("warning", "stage"):
                 log(f"  {event.get('message') or event.get('stage')}")
 
+        kl_text = str(folder / shipped.DEMO_KL_TEXT) if args.kl_text is None else args.kl_text
         request = TrainRequest(name="demo-trained", base=base,
                                data=str(folder / "train.jsonl"),
                                settings={**demo.DEMO_SETTINGS, **args.settings},
-                               variant="demo-trained-v")
+                               variant="demo-trained-v", kl_text=kl_text or None)
         started = time.monotonic()
         trained = TrainingJob(request, on_event).start().wait()
         results["training"] = {"wall_seconds": round(time.monotonic() - started, 1),

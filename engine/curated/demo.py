@@ -25,14 +25,17 @@ SYSTEM_PROMPT = (
     "Reply with one JSON tool call, {\"tool\": NAME, \"args\": {...}}. Tools: "
     "get_weather(city, day), set_timer(minutes), send_email(to, subject), "
     "play_music(artist), convert_currency(amount, from, to).")
-# The recorded configuration of the shipped adapter (see its provenance.json). It was
-# trained before the served numerics existed: "float" pins that arithmetic until the
-# demo is retrained (its record has no numerics key, which means float).
+# The recorded configuration of the shipped adapter (see its provenance.json): float
+# numerics, as the earlier demo, and the KL penalty measured on DEMO_KL_TEXT, which
+# holds unrelated text where the base had it (docs/training.md, "The demo").
 DEMO_SETTINGS: dict[str, Any] = {
     "targets": ["attn_q", "attn_v"], "rank": 8, "alpha": 16.0, "lr": 2e-3, "steps": 50,
     "batch": 8, "seq_len": 128, "seed": 7, "train_eot": True, "threads": 2,
-    "numerics": "float",
+    "numerics": "float", "kl": 1.0, "kl_batch": 2,
 }
+# The prose the demo's KL penalty holds the adapter to the base on (resources/demo/):
+# twenty paragraphs on other subjects, none of them the drift check's.
+DEMO_KL_TEXT = "kl_prose.txt"
 # The demo variant's profile: greedy, so the comparison view shows the adapter's effect.
 DEMO_PROFILE: dict[str, Any] = {"system_prompt": SYSTEM_PROMPT, "temperature": 0.0,
                                 "max_tokens": 64, "repeat_penalty": 1.0}
