@@ -218,6 +218,12 @@ def test_cli_refuses_bad_requests_before_starting(
          "unknown target"),
         (["train", "x", "--base", BASE, "--data", str(data), "--variant", "x"], 2,
          "name of its own"),
+        (["train", "x", "--base", BASE, "--data", str(data), "--kl-text", str(data)], 2,
+         "a KL text needs a KL weight"),
+        (["train", "x", "--base", BASE, "--data", str(data), "--kl", "1", "--kl-text",
+          str(tmp_path / "missing.txt")], 2, "KL text"),
+        (["train", "x", "--base", BASE, "--data", str(data), "--kl", "1", "--kl-batch",
+          "0"], 2, "kl-batch must be"),
     ]
     for argv, code, reason in cases:
         got, _, err = run_cli(capsys, *argv)
