@@ -159,20 +159,15 @@ def _adapter(record: dict[str, Any], role: str, index: _Index, seen: frozenset[s
         detail = f"imported ({printable(str(record.get('source')), 120)}); no training record"
         return Node("adapter", role, record["name"], sha, True, detail, tuple(children), scale)
     data = provenance.get("data") if isinstance(provenance.get("data"), dict) else {}
-    data_sha = provenance.get("data_sha256")
-    children.append(Node(
-        "data", "data", printable(str(data.get("file") or "training data"), 80),
-        data_sha if isinstance(data_sha, str) else None, False,
+    children.append(_file_node(
+        "data", data, provenance.get("data_sha256"), "training data",
         f"{data.get('examples', '?')} examples, {data.get('target_tokens', '?')} target "
-        f"tokens; recorded at {printable(str(data.get('path')), 160)}"))
+        "tokens"))
     kl_text = provenance.get("kl_text")
     if isinstance(kl_text, dict):
-        kl_sha = kl_text.get("sha256")
-        children.append(Node(
-            "data", "kl text", printable(str(kl_text.get("file") or "KL text"), 80),
-            kl_sha if isinstance(kl_sha, str) else None, False,
-            f"{kl_text.get('passages', '?')} passages the KL penalty held to the base; "
-            f"recorded at {printable(str(kl_text.get('path')), 160)}"))
+        children.append(_file_node("kl text", kl_text, kl_text.get("sha256"), "KL text",
+                                   f"{kl_text.get('passages', '?')} passages the KL "
+                                   "penalty held to the base"))
     init = provenance.get("init_adapter")
     steps = f"{provenance.get('method', 'sft')}, {provenance.get('steps', '?')} steps, seed " \
             f"{provenance.get('seed', '?')}"
@@ -185,6 +180,14 @@ def _adapter(record: dict[str, Any], role: str, index: _Index, seen: frozenset[s
     if provenance.get("adapter_sha256") not in (None, sha):
         detail += "; its record names another file"
     return Node("adapter", role, record["name"], sha, True, detail, tuple(children), scale)
+
+
+def _file_node(role: str, summary: dict[str, Any], sha: Any, unnamed: str, what: str
+               ) -> Node:
+    """A file a run read (its data, its KL text), as its record describes it."""
+    return Node("data", role, printable(str(summary.get("file") or unnamed), 80),
+                sha if isinstance(sha, str) else None, False,
+                f"{what}; recorded at {printable(str(summary.get('path')), 160)}")
 
 
 def render(node: Node) -> list[str]:

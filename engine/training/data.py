@@ -131,12 +131,7 @@ def parse_jsonl(path: Path, parse: Callable[[dict[str, Any], int], T], items: st
     number)`, and the file's sha256. Every malformed line is reported, with its number,
     in one DataError; `items` names what the lines are, for an empty file ("examples",
     "prompts")."""
-    handle, st = open_regular(Path(path))
-    with handle:
-        if st.size > MAX_DATA_BYTES:
-            raise DataError(f"{Path(path).name}: {st.size} bytes is more than the "
-                            f"{MAX_DATA_BYTES >> 20} MiB limit")
-        raw = handle.read(MAX_DATA_BYTES + 1)
+    raw = read_bounded(path)
     sha = hashlib.sha256(raw).hexdigest()
     parsed: list[T] = []
     problems: list[str] = []
@@ -157,6 +152,16 @@ def parse_jsonl(path: Path, parse: Callable[[dict[str, Any], int], T], items: st
     if not parsed:
         raise DataError(f"{name}: no {items} (the file is empty)")
     return parsed, sha
+
+
+def read_bounded(path: Path) -> bytes:
+    """A regular file's bytes (FIFOs and devices are refused), refused over the size limit."""
+    handle, st = open_regular(Path(path))
+    with handle:
+        if st.size > MAX_DATA_BYTES:
+            raise DataError(f"{Path(path).name}: {st.size} bytes is more than the "
+                            f"{MAX_DATA_BYTES >> 20} MiB limit")
+        return handle.read(MAX_DATA_BYTES + 1)
 
 
 def _json_object(raw: bytes, number: int) -> dict[str, Any]:
@@ -456,12 +461,7 @@ class KlText:
 def load_kl_text(path: Path, tokenizer: Any, seq_len: int) -> KlText:
     """Every non-empty line of a UTF-8 text file as a passage, cut to `seq_len` tokens;
     refused when a line is not UTF-8 or no line has two tokens (nothing to predict)."""
-    handle, st = open_regular(Path(path))
-    with handle:
-        if st.size > MAX_DATA_BYTES:
-            raise DataError(f"{Path(path).name}: {st.size} bytes is more than the "
-                            f"{MAX_DATA_BYTES >> 20} MiB limit")
-        raw = handle.read(MAX_DATA_BYTES + 1)
+    raw = read_bounded(path)
     name = Path(path).name
     passages, truncated = [], 0
     for number, line in enumerate(raw.split(b"\n"), start=1):
