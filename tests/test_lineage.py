@@ -168,3 +168,24 @@ def test_lineage_of_an_adapter_continued_from_a_trained_one(tmp_path: Path) -> N
     gone = json.loads(run_cli(home, "lineage", "t2", "--json").stdout)["children"][-1]
     assert (gone["present"], gone["sha256"], gone["recorded_name"], gone["detail"]) == (
         False, one["files"]["gguf"]["sha256"], "t1", "no longer in the catalog")
+
+
+def test_lineage_shows_the_kl_text_a_run_read(studio_home: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped demo was trained with a KL text: the tree and `show` name it beside
+    its data, with the sha256 its record holds."""
+    from engine.curated import demo
+
+    setup.first_run(Catalog(), with_demo=True)
+    record = Catalog().adapter(demo.ADAPTER_NAME)["provenance"]
+    assert cli.main(["lineage", demo.VARIANT_NAME, "--json"]) == 0
+    tree = json.loads(capsys.readouterr().out)
+    files = [(n["role"], n["name"], n["sha256"]) for n in nodes(tree) if n["kind"] == "data"]
+    assert files == [("data", "train.jsonl", record["data_sha256"]),
+                     ("kl text", demo.DEMO_KL_TEXT, record["kl_text"]["sha256"])]
+    assert cli.main(["lineage", demo.VARIANT_NAME]) == 0
+    assert f"kl text: data {demo.DEMO_KL_TEXT}" in capsys.readouterr().out
+    # `show` has it among the record's digests.
+    assert cli.main(["show", demo.ADAPTER_NAME]) == 0
+    assert f"kl_text_sha256: {record['kl_text']['sha256']} ({demo.DEMO_KL_TEXT}, 20 " \
+        "passages" in capsys.readouterr().out
