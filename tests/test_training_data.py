@@ -160,9 +160,11 @@ def test_a_kl_text_is_its_lines_as_served_prose(tmp_path: Path, tokenizer: Token
     path.write_text("The river rose slowly.\n\n   \n" + " ".join(["word"] * 60) + "\nHi\n")
     text = data_mod.load_kl_text(path, tokenizer, 16)
     river = tokenizer.tokenize("The river rose slowly.", add_special=False)
-    assert text.passages[0] == tuple(river) and len(text.passages[1]) == 16
-    assert text.truncated == 1
-    assert text.summary()["passages"] == len(text.passages) and text.summary()["file"] == "kl.txt"
+    # "Hi" is one token: nothing to predict, so it is no passage.
+    assert [len(p) for p in text.passages] == [len(river), 16]
+    assert text.passages[0] == tuple(river) and text.truncated == 1
+    assert text.summary() == {"file": "kl.txt", "sha256": text.sha256, "passages": 2,
+                              "tokens": len(river) + 16, "truncated": 1}
     path.write_bytes(b"fine\n\xff\xfe broken\n")
     with pytest.raises(data_mod.DataError, match="kl.txt: line 2: not valid UTF-8"):
         data_mod.load_kl_text(path, tokenizer, 16)

@@ -79,7 +79,7 @@ class Trainer:
         self.init_sha256 = init_sha256
         self.step = 0
         self.losses: list[float] = []
-        self._perms: dict[int, np.ndarray] = {}
+        self._perms: dict[tuple[int, int], np.ndarray] = {}
         self._reference: dict[int, tuple[float, float]] = {}
         hyper = model.hyper
         self.modules = [f"model.layers.{i}.{naming.ROLES[role]}"
@@ -117,30 +117,29 @@ class Trainer:
     # ------------------------------------------------------------------ batches
 
     def batch_indices(self, step: int) -> list[int]:
-        n = len(self.data.examples)
-        out = []
-        for j in range(self.config.batch):
-            epoch, position = divmod(step * self.config.batch + j, n)
-            if epoch not in self._perms:
-                rng = np.random.default_rng([self.config.seed, epoch])
-                self._perms[epoch] = rng.permutation(n)
-            out.append(int(self._perms[epoch][position]))
-        return out
+        """The examples of `step`'s batch."""
+        return self._draw(step, len(self.data.examples), self.config.batch, stream=0)
 
     def kl_passages(self, step: int) -> list[tuple[int, ...]]:
-        """The KL text's passages for `step`: epochs of their own seeded permutation,
-        drawn apart from the examples' so adding a KL text leaves the batches as they were."""
+        """The KL text's passages for `step`, drawn in a stream of their own, so adding a
+        KL text leaves the examples' batches as they were."""
         assert self.kl_text is not None
         passages = self.kl_text.passages
-        n = len(passages)
+        return [passages[i] for i in self._draw(step, len(passages), self.config.kl_batch,
+                                                stream=1)]
+
+    def _draw(self, step: int, n: int, per_step: int, stream: int) -> list[int]:
+        """`per_step` indices into `n` items for `step`: epochs of a permutation seeded
+        with (seed, epoch) for the examples (stream 0), (seed, stream, epoch) otherwise."""
         out = []
-        for j in range(self.config.kl_batch):
-            epoch, position = divmod(step * self.config.kl_batch + j, n)
-            key = -1 - epoch  # the examples' epochs are >= 0
+        for j in range(per_step):
+            epoch, position = divmod(step * per_step + j, n)
+            key = (stream, epoch)
             if key not in self._perms:
-                rng = np.random.default_rng([self.config.seed, 1, epoch])
-                self._perms[key] = rng.permutation(n)
-            out.append(passages[int(self._perms[key][position])])
+                seed = [self.config.seed, epoch] if stream == 0 else \
+                    [self.config.seed, stream, epoch]
+                self._perms[key] = np.random.default_rng(seed).permutation(n)
+            out.append(int(self._perms[key][position]))
         return out
 
     # ------------------------------------------------------------------ scoring
@@ -235,6 +234,8 @@ class Trainer:
         reference = spread = None
         if kl_weight and self.kl_text is not None:
             # On the KL text: the base and the adapted model on the same passages.
+            # (Before the batch's forward pass, the order the shipped demo was trained
+            # in: moving it could change the order gradients are summed in, and bytes.)
             passages = self.kl_passages(self.step)
             with self.scoring():
                 reference = self._distributions(passages)
