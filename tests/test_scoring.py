@@ -10,8 +10,8 @@ wrong (on OpenVINO, which decodes every prompt whole, rows 1, 2, 21 and 44). The
 per-row expectations below were computed once over all 60 rows with
 `variant-studio score smollm2-135m-instruct tool-calls --data resources/demo/heldout.jsonl
 [--backend openvino]`: the variant's greedy answer equals the expected call on 58 of 60
-rows on llama.cpp (every row but 4 and 21) and on 57 on OpenVINO (also not 44), the
-base's on none — the 96.7 %, 95.0 % and 0 % docs/training.md reports.
+rows on llama.cpp (every row but 4 and 21) and on 57 on OpenVINO at f32 (also not 44,
+which the bf16 fast profile answers), the base's on none — the 96.7 %, 95.0 % and 0 % docs/training.md reports.
 """
 
 from __future__ import annotations
@@ -37,8 +37,11 @@ from engine.training import data, score_sets
 HELDOUT = demo.resources_dir() / demo.SHIPPED_HELDOUT
 VARIANT, ADAPTER = demo.VARIANT_NAME, demo.ADAPTER_NAME
 SUBSET = (1, 2, 3, 4, 5, 21, 44)
-# Computed once over all 60 rows (see the module docstring).
-VARIANT_MISSES = {"llama": {4, 21}, "openvino": {4, 21, 44}}
+# Computed once over all 60 rows (see the module docstring). Row 44 is a near miss on
+# OpenVINO: missed where the fast profile computes at f32, answered where it computes at
+# the CPU's bf16 (an AVX-512 BF16 machine), so it may go either way.
+VARIANT_MISSES = {"llama": {4, 21}, "openvino": {4, 21}}
+NEAR_MISSES = {"llama": set(), "openvino": {44}}
 TIMEOUT = 900
 
 
@@ -181,7 +184,8 @@ def check_demo_scores(results: list[dict[str, Any]], backend: str,
     assert variant["mean_nll"] < base["mean_nll"] / 10
     assert all(v["nll"] < b["nll"] for v, b in zip(variant["rows"], base["rows"], strict=True))
     misses = {lines[r["line"] - 1] for r in variant["rows"] if not r["exact"]}
-    assert misses == VARIANT_MISSES[backend] & set(lines)
+    assert VARIANT_MISSES[backend] & set(lines) <= misses
+    assert misses <= (VARIANT_MISSES[backend] | NEAR_MISSES[backend]) & set(lines)
     assert variant["exact_matches"] == len(lines) - len(misses)
     assert base["exact_matches"] == 0 and variant["exact_match"] > base["exact_match"]
     for row in variant["rows"]:
