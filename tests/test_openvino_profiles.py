@@ -172,3 +172,45 @@ def test_each_profile_compiles_with_the_settings_its_identity_names() -> None:
     bf16 = ComputeProfile("fast", "int4", "bf16", "f16", "f" * 64)
     assert compile_config(bf16, 1)["INFERENCE_NUM_THREADS"] == "2"
     assert compile_config(bf16, 4)["INFERENCE_NUM_THREADS"] == "4"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("profile", PROFILES)
+def test_the_one_token_graph_gives_the_dynamic_graphs_logits_bit_for_bit(world, profile: str
+                                                                         ) -> None:
+    """The token loop runs a static one-token copy of the graph (backend.py): after the
+    prompt's KV state moves into it, every step's logits equal those of the dynamic
+    graph fed the same tokens one at a time, with an adapter and without."""
+    import numpy as np
+
+    from engine.formats.artifacts import inspect_path
+    from engine.runtime.openvino.backend import load_base
+
+    catalog, _ = world
+    spec = resolve.resolve(catalog, "va", ov_profile=profile)
+    model = load_base(spec.base_path, spec.identity.served_sha256, 1, spec.identity.compute)
+    adapters = [(a, inspect_path(Path(a.path))) for a in spec.adapters]
+    prompt = model.tokenize("The lighthouse keeper opened the bottle and read", False)
+    for adapter_set in (adapters, []):
+        context = model.new_context(adapter_set, 512, 64)
+        reference = model.compiled.create_infer_request()  # the dynamic graph
+        for name, tensor in context.lora.items():
+            reference.set_tensor(name, tensor)
+
+        def dynamic(tokens: list[int], past: int) -> np.ndarray:
+            inputs = {"input_ids": np.asarray([tokens], np.int64),
+                      "attention_mask": np.ones((1, past + len(tokens)), np.int64),
+                      "position_ids": np.arange(past, past + len(tokens))[None],
+                      "beam_idx": np.zeros(1, np.int32), "logits_from": np.asarray(
+                          [len(tokens) - 1], np.int64)}
+            reference.infer(inputs)
+            return np.array(reference.get_tensor("logits").data[0, -1])
+
+        logits = context.prefill(prompt)
+        assert np.array_equal(logits, dynamic(prompt, 0))
+        for position in range(len(prompt), len(prompt) + 8):
+            token = int(np.argmax(logits))
+            logits = context.step(token)
+            assert np.array_equal(logits, dynamic([token], position)), (profile, position)
+        context.close()
+    model.close()

@@ -24,6 +24,14 @@ weights (F16, int8 or int4, `compress.py`) compiled at the profile's precision. 
 precision OpenVINO actually compiled is read back and must be the one the identity
 names, so an identity never describes numbers this CPU did not compute.
 
+Each base is compiled twice from the same graph: once with a dynamic sequence length
+for prompts and teacher-forced scoring, and once with a static one-token input for the
+token loop. OpenVINO's CPU plugin runs the static graph about 1.15x faster per token (it
+fuses the element-wise nodes and skips per-node shape inference) with logits equal to the
+dynamic graph's to the bit (tests/test_openvino_units.py). A prompt is decoded by one
+prompt request per base, whose KV state is then moved into the session's own one-token
+request (`OvContext.prefill`).
+
 The per-token loop (`step`) is kept short (docs/performance.md, "Our loop"): its input
 tensors are views of buffers the session keeps, written in place and bound each step
 (no per-token arrays or dicts), it infers synchronously on the engine
@@ -33,6 +41,7 @@ per-token cache where the tokenizer allows it (`TextStream`).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +73,10 @@ COMPILE_CONFIG: dict[str, Any] = {
 _PRECISION_TYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 REQUIRED_INPUTS = ("input_ids", "attention_mask", "position_ids", "beam_idx")
 LOGITS_FROM = "logits_from"
+# The token loop's graph: one token in, the attention mask as long as the state.
+ONE_TOKEN = {"input_ids": [1, 1], "position_ids": [1, 1], "attention_mask": [1, -1],
+             "beam_idx": [1]}
+MAX_STEPPERS = 2  # one-token graphs kept per base (each holds its own copy of the weights)
 POLL_MS = 50
 END_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>",
              "<|end_of_text|>")
@@ -119,7 +132,17 @@ class OvModel:
         self.adapters: dict[str, LoadedAdapter] = {}  # registered, by sha256
         self.registered: dict[str, tuple[int, int]] = {}  # node -> (out, in)
         self.builds = 0
-        self.compiled: Any = None
+        self.compiled: Any = None  # the prompt graph: any sequence length, any rank
+        self.node_index: dict[str, int] = {}  # registered layer -> its LoRA inputs' number
+        # One-token graphs by the adapters (sha256, scale) a session runs (`stepper`); for
+        # the compressed profiles only.
+        self.steppers: OrderedDict[tuple[tuple[str, float], ...], Any] = OrderedDict()
+        self.one_token_graphs = compute is not None and compute.weights != "f16"
+        # Adapter tensors in the precision the model computes at, so OpenVINO does not
+        # convert every one at every token.
+        bf16 = compile_config(compute, n_threads)["INFERENCE_PRECISION_HINT"] == "bf16"
+        self.lora_type = ov.Type.bf16 if bf16 else ov.Type.f32
+        self._prompt_request: Any = None  # shared by every session (see OvContext)
         self._end_ids = self._find_end_ids()
         self._sliced = False
         self._pieces = _piece_cache_ok(self)
@@ -197,49 +220,107 @@ class OvModel:
         self._compile()
         return True
 
-    def _compile(self) -> None:
+    def _graph(self, constants: dict[str, tuple[np.ndarray, np.ndarray]] | None) -> Any:
+        """The base graph with a LoRA branch `y += (x·Aᵀ)·Bᵀ` on layers, logits sliced.
+
+        None: a branch on every registered layer, A and B inputs (`lora_a.N`, `lora_b.N`,
+        N the layer's `node_index`) of any rank: the prompt graph, which every session
+        shares. Otherwise the branches of `constants` (A, B·scale per layer) with constant
+        weights: a session's one-token graph (`stepper`)."""
         model = self.base_model.clone()
         by_name = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
-        params = []
-        for index, node_name in enumerate(sorted(self.registered)):
+        layers = self.registered if constants is None else constants
+        for node_name in layers:
             op = by_name.get(node_name)
             if op is None or op.get_type_name() != "MatMul":
                 raise EngineError(f"layer {node_name} is not a MatMul of this model")
-            out_f, in_f = self.registered[node_name]
-            a = ops.parameter([-1, in_f], ov.Type.f32, name=f"lora_a.{index}")
-            b = ops.parameter([out_f, -1], ov.Type.f32, name=f"lora_b.{index}")
-            a.output(0).get_tensor().set_names({f"lora_a.{index}"})
-            b.output(0).get_tensor().set_names({f"lora_b.{index}"})
-            x = op.input_value(0)
-            if x.get_element_type() != ov.Type.f32:
-                x = ops.convert(x, ov.Type.f32).output(0)
-            delta = ops.matmul(ops.matmul(x, a, False, True), b, False, True)
-            if op.get_output_element_type(0) != ov.Type.f32:
-                delta = ops.convert(delta, op.get_output_element_type(0))
-            consumers = list(op.output(0).get_target_inputs())
-            add = ops.add(op.output(0), delta)
-            for consumer in consumers:
-                consumer.replace_source_output(add.output(0))
-            params += [a, b]
+        params = []
+        if constants is None:
+            for node_name in layers:
+                out_f, in_f = self.registered[node_name]
+                index = self.node_index[node_name]
+                a = ops.parameter([-1, in_f], self.lora_type, name=f"lora_a.{index}")
+                b = ops.parameter([out_f, -1], self.lora_type, name=f"lora_b.{index}")
+                a.output(0).get_tensor().set_names({f"lora_a.{index}"})
+                b.output(0).get_tensor().set_names({f"lora_b.{index}"})
+                params += [a, b]
+                _add_branch([by_name[node_name]], a, b, self.lora_type)
+        else:
+            # Layers that read the same input (q, k and v; gate and up) share one branch:
+            # x·[A₁;A₂]ᵀ, then one product with the block-diagonal B, split per layer.
+            # Each of these tiny products costs a node's fixed overhead, not arithmetic.
+            groups: dict[Any, list[str]] = {}
+            for node_name in constants:
+                source = by_name[node_name].input_value(0)
+                groups.setdefault((source.get_node().get_name(), source.get_index()),
+                                  []).append(node_name)
+            for names in groups.values():
+                a_cat = np.concatenate([constants[n][0] for n in names], 0)
+                b_block = np.zeros((sum(constants[n][1].shape[0] for n in names),
+                                    a_cat.shape[0]), np.float32)
+                row = col = 0
+                for n in names:
+                    b = constants[n][1]
+                    b_block[row:row + b.shape[0], col:col + b.shape[1]] = b
+                    row, col = row + b.shape[0], col + b.shape[1]
+                _add_branch([by_name[n] for n in names], ops.constant(a_cat),
+                            ops.constant(b_block), ov.Type.f32)
         self._sliced = _slice_logits(model)
         if params:
             model.add_parameters(params)
         model.validate_nodes_and_infer_types()
+        return model
+
+    def _compile_graph(self, model: Any) -> Any:
+        """Compile `model` with the profile's settings; refuse a precision the CPU changed."""
         config = compile_config(self.compute, self.n_threads)
         try:
-            self.compiled = self.core.compile_model(model, "CPU", config)
+            compiled = self.core.compile_model(model, "CPU", config)
         except RuntimeError as exc:
             raise EngineError("OpenVINO could not compile the model",
                               details=(str(exc).strip()[-400:],)) from None
-        got = str(self.compiled.get_property("INFERENCE_PRECISION_HINT"))
+        got = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
         wanted = config["INFERENCE_PRECISION_HINT"]
         if _PRECISION_TYPES[wanted] not in got:
-            self.compiled = None
             raise RefusedError(f"this CPU computes {got} where the {self.profile_name} profile "
                                f"names {wanted}; rebuild it with `variant-studio model "
                                "openvino-default`")
+        return compiled
+
+    def _compile(self) -> None:
+        """The prompt graph: every registered layer's branch, any sequence length and rank."""
+        self.compiled = self._prompt_request = None
+        self.steppers.clear()
         self.node_index = {node: i for i, node in enumerate(sorted(self.registered))}
+        self.compiled = self._compile_graph(self._graph(None))
         self.builds += 1
+
+    def stepper(self, key: tuple[tuple[str, float], ...],
+                constants: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
+        """The compiled one-token graph of a session whose adapters (`key`: sha256 and
+        scale of each) put `constants` (A, B·scale) on these layers: compiled on first
+        use, the least recently used of `MAX_STEPPERS` dropped after (a session keeps its
+        own alive). Its branches are FullyConnected layers with constant weights: about
+        free per token, where input tensors cost a variant 10-15 % of the base's speed
+        (docs/performance.md). The exact profile steps on its prompt graph: another copy
+        of its weights would be a GB of f32."""
+        if not self.one_token_graphs:
+            return self.compiled
+        if key not in self.steppers:
+            graph = self._graph(constants)
+            graph.reshape({**ONE_TOKEN, **({LOGITS_FROM: [1]} if self._sliced else {})})
+            self.steppers[key] = self._compile_graph(graph)
+            while len(self.steppers) > MAX_STEPPERS:
+                self.steppers.popitem(last=False)
+        self.steppers.move_to_end(key)
+        return self.steppers[key]
+
+    def prompt_request(self) -> Any:
+        """The one request every session decodes prompts with (it starts from an empty
+        state each time, so sessions can share it; the engine thread is the only user)."""
+        if self._prompt_request is None:
+            self._prompt_request = self.compiled.create_infer_request()
+        return self._prompt_request
 
     # -------------------------------------------------------------- sessions
 
@@ -271,6 +352,7 @@ class OvModel:
         return {"profile": self.compute.label() if self.compute else "exact (f16 @ f32)",
                 "compiled": compiled,
                 "adapters_loaded": sorted(self.adapters), "pipeline_builds": self.builds,
+                "one_token_graphs": len(self.steppers),
                 "lora_layers": len(self.registered),
                 "adapters_registered": [{"name": a.name, "sha256": sha,
                                          "attached_tensors": a.plan.attached_tensors,
@@ -278,12 +360,17 @@ class OvModel:
                                         for sha, a in self.adapters.items()]}
 
     def close(self) -> None:
-        self.compiled = None
+        self.compiled = self._prompt_request = None
+        self.steppers.clear()
         self.adapters.clear()
 
 
 class OvContext:
-    """One session: an infer request with its own KV state and adapter tensors."""
+    """One session: a one-token request with its own KV state, and its adapter tensors.
+
+    Prompts (and teacher-forced scores) run on the base's shared prompt request, with
+    this session's adapter tensors bound first; a prompt's KV state is then moved into
+    this session's request, which decodes the answer token by token."""
 
     def __init__(self, model: OvModel, adapters: tuple[tuple[LoadedAdapter, float], ...],
                  n_ctx: int) -> None:
@@ -291,7 +378,8 @@ class OvContext:
         self.n_ctx = n_ctx
         self.cancelled: Callable[[], bool] = lambda: False
         self.adapter_shas = [a.sha256 for a, _ in adapters]
-        self.request = model.compiled.create_infer_request()
+        self.lora: dict[str, ov.Tensor] = {}  # input name -> tensor (the prompt graph's)
+        constants: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.attached = 0
         for node, index in model.node_index.items():
             out_f, in_f = model.registered[node]
@@ -303,17 +391,35 @@ class OvContext:
                     b_parts.append(b * np.float32(scale * adapter.multiplier_per_scale))
             a_all = np.concatenate(a_parts, 0) if a_parts else np.zeros((0, in_f), np.float32)
             b_all = np.concatenate(b_parts, 1) if b_parts else np.zeros((out_f, 0), np.float32)
-            self.request.set_tensor(f"lora_a.{index}", ov.Tensor(np.ascontiguousarray(a_all)))
-            self.request.set_tensor(f"lora_b.{index}", ov.Tensor(np.ascontiguousarray(b_all)))
+            self.lora[f"lora_a.{index}"] = _tensor(a_all, model.lora_type)
+            self.lora[f"lora_b.{index}"] = _tensor(b_all, model.lora_type)
             self.attached += bool(a_parts)
+            if any(scale for adapter, scale in adapters if node in adapter.layers):
+                constants[node] = (a_all, b_all)
+        # The one-token graph of these adapters (those at scale 0 add exactly nothing, so
+        # they step on the base's); held here, so it outlives its eviction.
+        key = tuple((a.sha256, scale) for a, scale in adapters if scale)
+        self.stepper = model.stepper(key, constants)
+        self.request = self.stepper.create_infer_request()
+        inputs = {name for port in self.stepper.inputs for name in port.get_names()}
         self.tokens: list[int] = []
         self.reused = 0  # every prompt is decoded whole (see `prefill`)
         self._beam = np.zeros(1, np.int32)
-        # The one-token step's inputs, bound by `step` and updated in place.
+        # The one-token step's inputs: views of these buffers, bound once and written in
+        # place by `step` (the attention mask, which grows, is bound every step).
         self._ids = np.zeros((1, 1), np.int64)
         self._position = np.zeros((1, 1), np.int64)
         self._ones = np.ones((1, 256), np.int64)  # attention masks are views of it
-        self._zero = np.zeros(1, np.int64)
+        fixed = {"input_ids": self._ids, "position_ids": self._position,
+                 "beam_idx": self._beam}
+        if model._sliced:
+            fixed[LOGITS_FROM] = np.zeros(1, np.int64)
+        for name, array in fixed.items():
+            self.request.set_tensor(name, ov.Tensor(array, shared_memory=True))
+        for name, tensor in self.lora.items():
+            if name in inputs:
+                self.request.set_tensor(name, tensor)
+        self._fixed = fixed  # the buffers stay alive while they are bound
 
     @property
     def kv_capacity(self) -> int:
@@ -326,28 +432,31 @@ class OvContext:
         head_dim = info.embedding_length // max(info.head_count, 1)
         return len(self.tokens) * info.block_count * 2 * info.head_count_kv * head_dim * 4
 
-    def _run(self, tokens: list[int], logits_from: int) -> np.ndarray:
-        """Append `tokens` to the KV state; logits for positions >= logits_from."""
-        if len(self.tokens) + len(tokens) > self.n_ctx:
-            raise EngineError(f"context full: {len(self.tokens) + len(tokens)} tokens do not "
-                              f"fit in n_ctx={self.n_ctx}")
+    def _run(self, tokens: list[int], logits_from: int) -> tuple[Any, np.ndarray]:
+        """Decode `tokens` from an empty state on the base's prompt request, with this
+        session's adapters; (the request, logits for positions >= logits_from)."""
+        if len(tokens) > self.n_ctx:
+            raise EngineError(f"context full: {len(tokens)} tokens do not fit in "
+                              f"n_ctx={self.n_ctx}")
         if self.cancelled():
             raise Cancelled("cancelled")
-        past = len(self.tokens)
         inputs = {
             "input_ids": np.asarray([tokens], np.int64),
-            "attention_mask": np.ones((1, past + len(tokens)), np.int64),
-            "position_ids": np.arange(past, past + len(tokens), dtype=np.int64)[None],
+            "attention_mask": np.ones((1, len(tokens)), np.int64),
+            "position_ids": np.arange(len(tokens), dtype=np.int64)[None],
             "beam_idx": self._beam,
         }
         if self.model._sliced:
             inputs[LOGITS_FROM] = np.asarray([logits_from], np.int64)
-        request = self.request
-        # Bound as new tensors (copies), never through `start_async(inputs)`: after
-        # `step` bound views of its own buffers, OpenVINO's input dispatcher would try to
-        # reshape those in place and fails ("Could set new shape") on a longer input.
+        request = self.model.prompt_request()
+        request.reset_state()
+        # Bound as new tensors (copies), never through `start_async(inputs)`: OpenVINO's
+        # input dispatcher would try to reshape a tensor bound earlier in place and fails
+        # ("Could set new shape") on a longer input.
         for name, value in inputs.items():
             request.set_tensor(name, ov.Tensor(value))
+        for name, tensor in self.lora.items():
+            request.set_tensor(name, tensor)
         request.start_async()
         while not request.wait_for(POLL_MS):
             if self.cancelled():
@@ -356,13 +465,11 @@ class OvContext:
                     request.wait()
                 except RuntimeError:
                     pass  # "Infer Request was canceled"
-                self.reset()  # the KV state is unknown after an interrupted request
                 raise Cancelled("cancelled")
-        self.tokens.extend(tokens)
         logits = request.get_tensor("logits").data[0]
         if not self.model._sliced:
             logits = logits[logits_from:]
-        return np.array(logits, dtype=np.float32)
+        return request, np.array(logits, dtype=np.float32)
 
     def reset(self) -> None:
         self.request.reset_state()
@@ -370,7 +477,8 @@ class OvContext:
 
     def prefill(self, prompt: list[int], reserve: int = 0) -> np.ndarray:
         """Logits after `prompt`, computed from an empty state in one pass (the
-        stateful KV cache grows by itself, so `reserve` needs nothing here).
+        stateful KV cache grows by itself, so `reserve` needs nothing here); the prompt's
+        KV state then moves into this session's one-token request.
 
         No prefix is reused: OpenVINO's stateful model cannot drop the tail of its KV
         state, only reset all of it, so an OpenVINO session decodes every prompt whole.
@@ -378,7 +486,12 @@ class OvContext:
         if not prompt:
             raise EngineError("empty prompt")
         self.reset()
-        return self._run(prompt, len(prompt) - 1)[-1]
+        prompted, logits = self._run(prompt, len(prompt) - 1)
+        kv = {state.name: state for state in prompted.query_state()}
+        for state in self.request.query_state():
+            state.state = kv[state.name].state
+        self.tokens = list(prompt)
+        return logits[-1]
 
     def prefill_steps(self, prompt: list[int], reserve: int = 0
                       ) -> Iterator[np.ndarray | None]:
@@ -386,10 +499,10 @@ class OvContext:
         yield self.prefill(prompt, reserve)
 
     def step(self, token: int) -> np.ndarray:
-        """One token: the inputs are bound as views of buffers kept by the session (no
-        per-token dict, no copy by OpenVINO's input dispatcher), and it infers on this
-        thread: a single token is short, and handing it to OpenVINO's executor and
-        waiting for it cost more than the inference on a busy 2-core machine."""
+        """One token on the one-token graph: the inputs are views of buffers kept by the
+        session (no per-token arrays or dicts), and it infers on this thread: a single
+        token is short, and handing it to OpenVINO's executor and waiting for it cost
+        more than the inference on a busy 2-core machine."""
         past = len(self.tokens)
         if past + 1 > self.n_ctx:
             raise EngineError(f"context full: {past + 1} tokens do not fit in "
@@ -400,18 +513,9 @@ class OvContext:
             self._ones = np.ones((1, max(2 * self._ones.shape[1], past + 1)), np.int64)
         self._ids[0, 0] = token
         self._position[0, 0] = past
-        # OpenVINO's input dispatcher (`_run`) may copy into a bound tensor of the same
-        # shape, so the constant inputs are written every step too.
-        self._beam[0] = 0
-        self._zero[0] = 0
         request = self.request
-        request.set_tensor("input_ids", ov.Tensor(self._ids, shared_memory=True))
-        request.set_tensor("position_ids", ov.Tensor(self._position, shared_memory=True))
         request.set_tensor("attention_mask",
                            ov.Tensor(self._ones[:, :past + 1], shared_memory=True))
-        request.set_tensor("beam_idx", ov.Tensor(self._beam, shared_memory=True))
-        if self.model._sliced:
-            request.set_tensor(LOGITS_FROM, ov.Tensor(self._zero, shared_memory=True))
         request.infer()
         self.tokens.append(token)
         # A copy: the next inference writes into the same output tensor.
@@ -422,11 +526,12 @@ class OvContext:
         if not continuation:
             return []
         self.reset()
-        rows = self._run(prompt + continuation[:-1], len(prompt) - 1)
+        rows = self._run(prompt + continuation[:-1], len(prompt) - 1)[1]
         return list(rows[-len(continuation):])
 
     def close(self) -> None:
-        self.request = None
+        self.request = self.stepper = None
+        self.lora = {}
 
 
 class TextStream:
@@ -503,6 +608,36 @@ def _piece_cache_ok(model: OvModel) -> PieceCache | None:
     fast_text = "".join(fast.feed(t) for t in tokens) + fast.finish()
     slow_text = "".join(slow.feed(t) for t in tokens) + slow.finish()
     return cache if fast_text == slow_text == model.detokenize(tokens) else None
+
+
+def _add_branch(layers: list[Any], a: Any, b: Any, kind: Any) -> None:
+    """`y += (x·Aᵀ)·Bᵀ` on MatMul `layers` that read the same x; with several layers, B's
+    rows are theirs in order, and the product is split between them."""
+    x = layers[0].input_value(0)
+    if x.get_element_type() != kind:
+        x = ops.convert(x, kind).output(0)
+    delta = ops.matmul(ops.matmul(x, a, False, True), b, False, True)
+    sizes = [op.get_output_partial_shape(0)[-1].get_length() for op in layers]
+    parts = (ops.variadic_split(delta, -1, sizes).outputs() if len(layers) > 1
+             else [delta.output(0)])
+    for op, part in zip(layers, parts, strict=True):
+        if op.get_output_element_type(0) != kind:
+            part = ops.convert(part, op.get_output_element_type(0)).output(0)
+        consumers = list(op.output(0).get_target_inputs())
+        add = ops.add(op.output(0), part)
+        for consumer in consumers:
+            consumer.replace_source_output(add.output(0))
+
+
+def _tensor(array: np.ndarray, kind: Any) -> ov.Tensor:
+    """A float32 array as an OpenVINO tensor of `kind` (f32, or bf16 rounded to nearest
+    even, the way OpenVINO converts)."""
+    array = np.ascontiguousarray(array, np.float32)
+    if kind != ov.Type.bf16:
+        return ov.Tensor(array)
+    bits = array.view(np.uint32)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return ov.Tensor(rounded, list(array.shape), ov.Type.bf16)
 
 
 def _slice_logits(model: Any) -> bool:
