@@ -9,6 +9,7 @@ bit); and the fast profile stays close to llama.cpp on the same Q4_1 source.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -168,10 +169,40 @@ def test_each_profile_compiles_with_the_settings_its_identity_names() -> None:
     fast = compile_config(resolve.compute_profile(_record(), "fast"), 1)
     assert (fast["INFERENCE_PRECISION_HINT"], fast["KV_CACHE_PRECISION"]) == ("f32", "f16")
     assert fast["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "0"  # no activation quantization
-    # bf16 on one thread dies with SIGFPE in OpenVINO 2026.4 (docs/notes.md): two threads.
+    # bf16 on one thread died with SIGFPE on one machine (docs/notes.md): two threads,
+    # unless the probe found one thread safe here.
     bf16 = ComputeProfile("fast", "int4", "bf16", "f16", "f" * 64)
     assert compile_config(bf16, 1)["INFERENCE_NUM_THREADS"] == "2"
+    assert compile_config(bf16, 1, bf16_one_thread=True)["INFERENCE_NUM_THREADS"] == "1"
     assert compile_config(bf16, 4)["INFERENCE_NUM_THREADS"] == "4"
+
+
+@pytest.mark.slow
+def test_bf16_on_one_thread_is_probed_once_in_a_child_and_a_crash_means_two(
+        world, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from engine.runtime.openvino import build, probe
+
+    catalog, _ = world
+    folder = Path(resolve.resolve(catalog, OV, ov_profile="fast").base_path)
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
+    answer = probe.bf16_one_thread_ok(folder)  # a real child, on the real IR
+    kept = json.loads((tmp_path / probe.PROBES).read_text())
+    assert kept == {probe.machine_key(): answer}
+
+    def no_child(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("asked again")
+
+    monkeypatch.setattr(subprocess, "run", no_child)
+    assert probe.bf16_one_thread_ok(folder) is answer  # kept: no second child
+    monkeypatch.undo()
+    # A child that dies (here: no IR to compile) is a no, and kept as one.
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "other"))
+    (tmp_path / "other").mkdir()
+    assert probe.bf16_one_thread_ok(tmp_path / "missing") is False
+    assert json.loads((tmp_path / "other" / probe.PROBES).read_text()) == {
+        probe.machine_key(): False}
 
 
 @pytest.mark.slow

@@ -58,6 +58,7 @@ from engine.catalog.resolve import AdapterFile
 from engine.errors import Cancelled, EngineError, RefusedError
 from engine.formats import openvino_ir, safetensors_file
 from engine.formats.artifacts import AdapterInfo, BaseModelInfo, inspect_path
+from engine.runtime.openvino import probe
 
 # Everything that changes the numbers is fixed here (and so covered by the runtime
 # version in the identity): full f32 compute and KV cache, no dynamic quantization.
@@ -138,9 +139,11 @@ class OvModel:
         # the compressed profiles only.
         self.steppers: OrderedDict[tuple[tuple[str, float], ...], Any] = OrderedDict()
         self.one_token_graphs = compute is not None and compute.weights != "f16"
+        bf16 = compile_config(compute, n_threads)["INFERENCE_PRECISION_HINT"] == "bf16"
+        # One inference thread at bf16 only where a child process found it safe.
+        self.bf16_one_thread = bf16 and n_threads == 1 and probe.bf16_one_thread_ok(root)
         # Adapter tensors in the precision the model computes at, so OpenVINO does not
         # convert every one at every token.
-        bf16 = compile_config(compute, n_threads)["INFERENCE_PRECISION_HINT"] == "bf16"
         self.lora_type = ov.Type.bf16 if bf16 else ov.Type.f32
         self._prompt_request: Any = None  # shared by every session (see OvContext)
         self._end_ids = self._find_end_ids()
@@ -273,7 +276,7 @@ class OvModel:
 
     def _compile_graph(self, model: Any) -> Any:
         """Compile `model` with the profile's settings; refuse a precision the CPU changed."""
-        config = compile_config(self.compute, self.n_threads)
+        config = compile_config(self.compute, self.n_threads, self.bf16_one_thread)
         try:
             compiled = self.core.compile_model(model, "CPU", config)
         except RuntimeError as exc:
@@ -348,7 +351,7 @@ class OvModel:
         compiled = {}
         if self.compiled is not None:
             compiled = {k: str(self.compiled.get_property(k)) for k in (
-                "INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")}
+                "INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "INFERENCE_NUM_THREADS")}
         return {"profile": self.compute.label() if self.compute else "exact (f16 @ f32)",
                 "compiled": compiled,
                 "adapters_loaded": sorted(self.adapters), "pipeline_builds": self.builds,
@@ -665,15 +668,17 @@ def _slice_logits(model: Any) -> bool:
     return True
 
 
-def compile_config(compute: ComputeProfile | None, n_threads: int) -> dict[str, Any]:
+def compile_config(compute: ComputeProfile | None, n_threads: int,
+                   bf16_one_thread: bool = False) -> dict[str, Any]:
     """OpenVINO's compile settings for a profile (None or `exact`: COMPILE_CONFIG)."""
     config = dict(COMPILE_CONFIG, INFERENCE_NUM_THREADS=str(n_threads))
     if compute is not None and compute.name != "exact":
         config["INFERENCE_PRECISION_HINT"] = compute.precision
         config["KV_CACHE_PRECISION"] = compute.kv_cache
-        if compute.precision == "bf16" and n_threads == 1:
-            # OpenVINO 2026.4's CPU plugin dies with SIGFPE at bf16 on one thread
-            # (docs/notes.md); the thread count changes no result we report.
+        if compute.precision == "bf16" and n_threads == 1 and not bf16_one_thread:
+            # OpenVINO 2026.4's CPU plugin died with SIGFPE at bf16 on one thread on one
+            # machine (docs/notes.md): two, unless `probe` found one safe here. The
+            # thread count changes no result we report.
             config["INFERENCE_NUM_THREADS"] = "2"
     return config
 
