@@ -228,7 +228,7 @@ def test_the_one_token_graph_gives_the_dynamic_graphs_logits_bit_for_bit(world, 
         for name, tensor in context.lora.items():
             reference.set_tensor(name, tensor)
 
-        def dynamic(tokens: list[int], past: int) -> np.ndarray:
+        def dynamic(tokens: list[int], past: int, reference: Any = reference) -> np.ndarray:
             inputs = {"input_ids": np.asarray([tokens], np.int64),
                       "attention_mask": np.ones((1, past + len(tokens)), np.int64),
                       "position_ids": np.arange(past, past + len(tokens))[None],

@@ -11,7 +11,8 @@ per-row expectations below were computed once over all 60 rows with
 `variant-studio score smollm2-135m-instruct tool-calls --data resources/demo/heldout.jsonl
 [--backend openvino]`: the variant's greedy answer equals the expected call on 58 of 60
 rows on llama.cpp (every row but 4 and 21) and on 57 on OpenVINO at f32 (also not 44,
-which the bf16 fast profile answers), the base's on none — the 96.7 %, 95.0 % and 0 % docs/training.md reports.
+which the bf16 fast profile answers), the base's on none — the 96.7 %, 95.0 % and 0 %
+docs/training.md reports.
 """
 
 from __future__ import annotations
