@@ -1,4 +1,4 @@
-"""The OpenVINO backend: one compiled model per base, one infer request per session.
+"""The OpenVINO backend: a prompt graph and one-token graphs per base, a request per session.
 
 Only the engine process imports this module, and only its engine thread calls into
 it. We drive the IR through OpenVINO's own `InferRequest` (stateful KV cache) rather
@@ -7,14 +7,24 @@ chosen token's log-probability, never the logits: driving the model ourselves gi
 the same numpy `Sampler`, log-probabilities and teacher-forced adapter effect as the
 llama.cpp backend (see docs/formats.md, "OpenVINO runtime").
 
-Dynamic LoRA, the way OpenVINO GenAI's MODE_DYNAMIC works: when the compiled model is
-built for a base, every layer that a registered adapter attaches to (by OpenVINO's own
-name rule, `engine.formats.openvino_ir`) gets a LoRA branch `y += (x·Aᵀ)·Bᵀ` whose A and B
-are model inputs. Each session (infer request) sets its own A and B once: the base
-uses rank-0 tensors (an empty adapter set), a variant the concatenation of its
-adapters with `scale × alpha / rank` folded into B. So base and variants run side by
-side over one copy of the weights, and the compiled model is rebuilt only when a new
-adapter reaches a layer that has no branch yet.
+The prompt graph (any sequence length) decodes prompts and teacher-forced scores, with
+dynamic LoRA the way OpenVINO GenAI's MODE_DYNAMIC works: every layer that a registered
+adapter attaches to (by OpenVINO's own name rule, `engine.formats.openvino_ir`) gets a
+branch `y += (x·Aᵀ)·Bᵀ` whose A and B are model inputs; each session binds its own (rank
+0 for the base, the concatenation of its adapters with `scale × alpha / rank` folded
+into B for a variant). So base and variants share one prompt graph and one request for
+it, and it is rebuilt only when a new adapter reaches a layer that has no branch yet.
+
+The token loop runs on a one-token graph instead: the same IR with an input length of 1
+fixed at compile time, which OpenVINO's CPU plugin runs about 1.15x faster per token (it
+fuses the element-wise nodes and skips per-node shape inference), one per adapter set
+with the session's adapters as constant branches (inputs cost a variant 10-15 % of the
+base's speed, constants almost nothing; the base's graph has no branch). After a prompt
+its KV state moves from the prompt request into the session's own one-token request
+(`OvContext.prefill`). The logits equal the prompt graph's fed one token at a time, to
+the bit (tests/test_openvino_profiles.py). Each one-token graph holds its own copy of the
+weights, so the `exact` profile, whose F16 weights compile to f32, steps on its prompt
+graph instead.
 
 The logits are sliced before the output projection (an extra `logits_from` input), so
 a prompt computes one row of logits, not one per token.
@@ -24,19 +34,11 @@ weights (F16, int8 or int4, `compress.py`) compiled at the profile's precision. 
 precision OpenVINO actually compiled is read back and must be the one the identity
 names, so an identity never describes numbers this CPU did not compute.
 
-Each base is compiled twice from the same graph: once with a dynamic sequence length
-for prompts and teacher-forced scoring, and once with a static one-token input for the
-token loop. OpenVINO's CPU plugin runs the static graph about 1.15x faster per token (it
-fuses the element-wise nodes and skips per-node shape inference) with logits equal to the
-dynamic graph's to the bit (tests/test_openvino_units.py). A prompt is decoded by one
-prompt request per base, whose KV state is then moved into the session's own one-token
-request (`OvContext.prefill`).
-
-The per-token loop (`step`) is kept short (docs/performance.md, "Our loop"): its input
-tensors are views of buffers the session keeps, written in place and bound each step
-(no per-token arrays or dicts), it infers synchronously on the engine
-thread (no hand-off to OpenVINO's executor and back), and text pieces come from a
-per-token cache where the tokenizer allows it (`TextStream`).
+The per-token loop (`step`) is kept short (docs/performance.md, "OpenVINO profiles"):
+its input tensors are views of buffers the session keeps, bound once and written in
+place (no per-token arrays or dicts), it infers synchronously on the engine thread (no
+hand-off to OpenVINO's executor and back), and text pieces come from a per-token cache
+where the tokenizer allows it (`TextStream`).
 """
 
 from __future__ import annotations
@@ -430,10 +432,13 @@ class OvContext:
 
     @property
     def kv_bytes(self) -> int:
-        """Memory of the KV state now (f32 keys and values of the cached tokens)."""
+        """Memory of the KV state now (keys and values of the cached tokens, at the
+        profile's KV-cache precision)."""
         info = self.model.info
         head_dim = info.embedding_length // max(info.head_count, 1)
-        return len(self.tokens) * info.block_count * 2 * info.head_count_kv * head_dim * 4
+        compute = self.model.compute
+        width = 2 if compute is not None and compute.kv_cache in ("f16", "bf16") else 4
+        return len(self.tokens) * info.block_count * 2 * info.head_count_kv * head_dim * width
 
     def _run(self, tokens: list[int], logits_from: int) -> tuple[Any, np.ndarray]:
         """Decode `tokens` from an empty state on the base's prompt request, with this
