@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,10 @@ LOGITS_FROM = "logits_from"
 ONE_TOKEN = {"input_ids": [1, 1], "position_ids": [1, 1], "attention_mask": [1, -1],
              "beam_idx": [1]}
 MAX_STEPPERS = 2  # one-token graphs kept per base (each holds its own copy of the weights)
+# Per layer (MatMul name): A (rank × in) and the scaled B (out × rank) of a session.
+Branches = dict[str, tuple[np.ndarray, np.ndarray]]
+# A session's adapters as its one-token graph knows them: (sha256, scale), scale 0 left out.
+StepperKey = tuple[tuple[str, float], ...]
 POLL_MS = 50
 END_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>",
              "<|end_of_text|>")
@@ -139,7 +144,7 @@ class OvModel:
         self.node_index: dict[str, int] = {}  # registered layer -> its LoRA inputs' number
         # One-token graphs by the adapters (sha256, scale) a session runs (`stepper`); for
         # the compressed profiles only.
-        self.steppers: OrderedDict[tuple[tuple[str, float], ...], Any] = OrderedDict()
+        self.steppers: OrderedDict[StepperKey, Any] = OrderedDict()
         self.one_token_graphs = compute is not None and compute.weights != "f16"
         bf16 = compile_config(compute, n_threads)["INFERENCE_PRECISION_HINT"] == "bf16"
         # One inference thread at bf16 only where a child process found it safe.
@@ -212,20 +217,7 @@ class OvModel:
         wanted = set().union(*(a.nodes for a in adapters)) if adapters else set()
         return self.compiled is None or not wanted <= set(self.registered)
 
-    def register(self, adapters: tuple[LoadedAdapter, ...]) -> bool:
-        """Register adapters; rebuild the compiled model only if new layers need a branch."""
-        rebuild = self._needs_branches(adapters)
-        for adapter in adapters:
-            self.adapters.setdefault(adapter.sha256, adapter)
-        if not rebuild:
-            return False
-        for adapter in adapters:
-            for node, (a, b) in adapter.layers.items():
-                self.registered[node] = (b.shape[0], a.shape[1])
-        self._compile()
-        return True
-
-    def _graph(self, constants: dict[str, tuple[np.ndarray, np.ndarray]] | None) -> Any:
+    def _graph(self, constants: Branches | None) -> Any:
         """The base graph with a LoRA branch `y += (x·Aᵀ)·Bᵀ` on layers, logits sliced.
 
         None: a branch on every registered layer, A and B inputs (`lora_a.N`, `lora_b.N`,
@@ -292,31 +284,54 @@ class OvModel:
                                "openvino-default`")
         return compiled
 
-    def _compile(self) -> None:
-        """The prompt graph: every registered layer's branch, any sequence length and rank."""
-        self.compiled = self._prompt_request = None
-        self.steppers.clear()
-        self.node_index = {node: i for i, node in enumerate(sorted(self.registered))}
-        self.compiled = self._compile_graph(self._graph(None))
-        self.builds += 1
+    def prepare(self, adapters: tuple[LoadedAdapter, ...], key: StepperKey,
+                constants: Branches) -> None:
+        """Register adapters and compile what a session of them needs and is missing: the
+        prompt graph when a new layer needs a branch (every registered layer's, any
+        rank), and the session's one-token graph (`stepper`). Two graphs are compiled at
+        once, in two threads (OpenVINO releases the GIL): a base's first load took
+        2.6-3.0 s that way against 4.7-5.0 s one after the other."""
+        rebuild = self._needs_branches(adapters)
+        for adapter in adapters:
+            self.adapters.setdefault(adapter.sha256, adapter)
+        graphs = {}
+        if rebuild:
+            for adapter in adapters:
+                for node, (a, b) in adapter.layers.items():
+                    self.registered[node] = (b.shape[0], a.shape[1])
+            self.compiled = self._prompt_request = None
+            self.steppers.clear()  # their sessions are closed with the old prompt graph
+            self.node_index = {node: i for i, node in enumerate(sorted(self.registered))}
+            graphs["prompt"] = self._graph(None)
+        if self.one_token_graphs and key not in self.steppers:
+            graph = self._graph(constants)
+            graph.reshape({**ONE_TOKEN, **({LOGITS_FROM: [1]} if self._sliced else {})})
+            graphs["step"] = graph
+        if len(graphs) > 1:
+            with ThreadPoolExecutor(len(graphs)) as pool:
+                futures = {name: pool.submit(self._compile_graph, g) for name, g in
+                           graphs.items()}
+            compiled = {name: future.result() for name, future in futures.items()}
+        else:
+            compiled = {name: self._compile_graph(g) for name, g in graphs.items()}
+        if "prompt" in compiled:
+            self.compiled = compiled["prompt"]
+            self.builds += 1
+        if "step" in compiled:
+            self.steppers[key] = compiled["step"]
+            while len(self.steppers) > MAX_STEPPERS:
+                self.steppers.popitem(last=False)
 
-    def stepper(self, key: tuple[tuple[str, float], ...],
-                constants: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any:
-        """The compiled one-token graph of a session whose adapters (`key`: sha256 and
-        scale of each) put `constants` (A, B·scale) on these layers: compiled on first
-        use, the least recently used of `MAX_STEPPERS` dropped after (a session keeps its
-        own alive). Its branches are FullyConnected layers with constant weights: about
+    def stepper(self, key: StepperKey) -> Any:
+        """The compiled one-token graph of a session whose adapters are `key` (sha256 and
+        scale of each, scale 0 left out), compiled by `prepare`; the least recently used
+        of `MAX_STEPPERS` is dropped after another is compiled (a session keeps its own
+        alive). Its LoRA branches are FullyConnected layers with constant weights: about
         free per token, where input tensors cost a variant 10-15 % of the base's speed
         (docs/performance.md). The exact profile steps on its prompt graph: another copy
         of its weights would be a GB of f32."""
         if not self.one_token_graphs:
             return self.compiled
-        if key not in self.steppers:
-            graph = self._graph(constants)
-            graph.reshape({**ONE_TOKEN, **({LOGITS_FROM: [1]} if self._sliced else {})})
-            self.steppers[key] = self._compile_graph(graph)
-            while len(self.steppers) > MAX_STEPPERS:
-                self.steppers.popitem(last=False)
         self.steppers.move_to_end(key)
         return self.steppers[key]
 
@@ -341,9 +356,15 @@ class OvModel:
     def new_context(self, adapters: Sequence[tuple[AdapterFile, AdapterInfo]], n_ctx: int,
                     n_batch: int) -> OvContext:
         loaded = self._loaded(adapters)
-        self.register(loaded)  # the first build already has these adapters' branches
-        return OvContext(self, tuple(zip(loaded, (a.scale for a, _ in adapters),
-                                         strict=True)), n_ctx)
+        scaled = tuple(zip(loaded, (a.scale for a, _ in adapters), strict=True))
+        branches = _branches(scaled)
+        # Adapters at scale 0 add exactly nothing: such a session steps on the graph of
+        # the others (the base's, if none is left).
+        key = tuple((a.sha256, scale) for a, scale in scaled if scale)
+        constants = {node: branch for node, branch in branches.items()
+                     if any(scale and node in a.layers for a, scale in scaled)}
+        self.prepare(loaded, key, constants)
+        return OvContext(self, loaded, branches, self.stepper(key), n_ctx)
 
     @property
     def profile_name(self) -> str:
@@ -377,35 +398,23 @@ class OvContext:
     this session's adapter tensors bound first; a prompt's KV state is then moved into
     this session's request, which decodes the answer token by token."""
 
-    def __init__(self, model: OvModel, adapters: tuple[tuple[LoadedAdapter, float], ...],
-                 n_ctx: int) -> None:
+    def __init__(self, model: OvModel, adapters: tuple[LoadedAdapter, ...],
+                 branches: Branches, stepper: Any, n_ctx: int) -> None:
         self.model = model
         self.n_ctx = n_ctx
         self.cancelled: Callable[[], bool] = lambda: False
-        self.adapter_shas = [a.sha256 for a, _ in adapters]
-        self.lora: dict[str, ov.Tensor] = {}  # input name -> tensor (the prompt graph's)
-        constants: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self.attached = 0
+        self.adapter_shas = [a.sha256 for a in adapters]
+        self.attached = len(branches)
+        # The prompt graph's adapter inputs: this session's branches, rank 0 elsewhere.
+        self.lora: dict[str, ov.Tensor] = {}
         for node, index in model.node_index.items():
             out_f, in_f = model.registered[node]
-            a_parts, b_parts = [], []
-            for adapter, scale in adapters:
-                if node in adapter.layers:
-                    a, b = adapter.layers[node]
-                    a_parts.append(a)
-                    b_parts.append(b * np.float32(scale * adapter.multiplier_per_scale))
-            a_all = np.concatenate(a_parts, 0) if a_parts else np.zeros((0, in_f), np.float32)
-            b_all = np.concatenate(b_parts, 1) if b_parts else np.zeros((out_f, 0), np.float32)
-            self.lora[f"lora_a.{index}"] = _tensor(a_all, model.lora_type)
-            self.lora[f"lora_b.{index}"] = _tensor(b_all, model.lora_type)
-            self.attached += bool(a_parts)
-            if any(scale for adapter, scale in adapters if node in adapter.layers):
-                constants[node] = (a_all, b_all)
-        # The one-token graph of these adapters (those at scale 0 add exactly nothing, so
-        # they step on the base's); held here, so it outlives its eviction.
-        key = tuple((a.sha256, scale) for a, scale in adapters if scale)
-        self.stepper = model.stepper(key, constants)
-        self.request = self.stepper.create_infer_request()
+            a, b = branches.get(node, (np.zeros((0, in_f), np.float32),
+                                       np.zeros((out_f, 0), np.float32)))
+            self.lora[f"lora_a.{index}"] = _tensor(a, model.lora_type)
+            self.lora[f"lora_b.{index}"] = _tensor(b, model.lora_type)
+        self.stepper = stepper  # held here, so it outlives its eviction from the model
+        self.request = stepper.create_infer_request()
         inputs = {name for port in self.stepper.inputs for name in port.get_names()}
         self.tokens: list[int] = []
         self.reused = 0  # every prompt is decoded whole (see `prefill`)
@@ -616,6 +625,19 @@ def _piece_cache_ok(model: OvModel) -> PieceCache | None:
     fast_text = "".join(fast.feed(t) for t in tokens) + fast.finish()
     slow_text = "".join(slow.feed(t) for t in tokens) + slow.finish()
     return cache if fast_text == slow_text == model.detokenize(tokens) else None
+
+
+def _branches(adapters: tuple[tuple[LoadedAdapter, float], ...]) -> Branches:
+    """Per layer the adapters reach: their A (rank × in) and `scale × alpha / rank` · B
+    (out × rank), concatenated along the rank in the adapters' order."""
+    parts: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    for adapter, scale in adapters:
+        for node, (a, b) in adapter.layers.items():
+            a_parts, b_parts = parts.setdefault(node, ([], []))
+            a_parts.append(a)
+            b_parts.append(b * np.float32(scale * adapter.multiplier_per_scale))
+    return {node: (np.concatenate(a, 0), np.concatenate(b, 1))
+            for node, (a, b) in parts.items()}
 
 
 def _add_branch(layers: list[Any], a: Any, b: Any, kind: Any) -> None:
