@@ -3,7 +3,7 @@
 1. Each OpenVINO profile (docs/formats.md, "Profiles": `fast` int4, `fast-int8`,
    `exact` F16 at f32) against llama.cpp on the embedded Q4_1 default, the same source.
 2. Each profile's variant (rank-8 q/v PEFT adapter: LoRA inputs in the prompt graph,
-   constant branches in its one-token graph) against that profile's base, and
+   static-rank branch inputs in its one-token graph) against that profile's base, and
    llama.cpp's variant against its base.
 3. Our engine loop (InferRequest + numpy sampler) against OpenVINO GenAI's own
    `LLMPipeline` decoding the same IR (the fast profile's, at the precisions and thread

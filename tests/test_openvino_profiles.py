@@ -211,19 +211,34 @@ def test_the_one_token_graph_gives_the_dynamic_graphs_logits_bit_for_bit(world, 
                                                                          ) -> None:
     """The token loop runs a static one-token copy of the graph (backend.py): after the
     prompt's KV state moves into it, every step's logits equal those of the dynamic
-    graph fed the same tokens one at a time, with an adapter and without."""
+    graph fed the same tokens one at a time, with an adapter and without. Two variants
+    whose adapters have the same ranks share one compiled one-token graph, each with its
+    own adapter tensors bound."""
     import numpy as np
 
     from engine.formats.artifacts import inspect_path
     from engine.runtime.openvino.backend import load_base
 
     catalog, _ = world
-    spec = resolve.resolve(catalog, "va", ov_profile=profile)
-    model = load_base(spec.base_path, spec.identity.served_sha256, 1, spec.identity.compute)
-    adapters = [(a, inspect_path(Path(a.path))) for a in spec.adapters]
+    model = None
+    sets = []
+    for name in ("va", "vb"):
+        spec = resolve.resolve(catalog, name, ov_profile=profile)
+        if model is None:
+            model = load_base(spec.base_path, spec.identity.served_sha256, 1,
+                              spec.identity.compute)
+        sets.append([(a, inspect_path(Path(a.path))) for a in spec.adapters])
+    assert model is not None
     prompt = model.tokenize("The lighthouse keeper opened the bottle and read", False)
-    for adapter_set in (adapters, []):
-        context = model.new_context(adapter_set, 512, 64)
+    contexts = [model.new_context(adapter_set, 512, 64) for adapter_set in (*sets, [])]
+    assert model.builds == 1
+    if profile == "exact":  # steps on its prompt graph
+        assert all(c.stepper is model.compiled for c in contexts) and not model.steppers
+    else:  # va and vb (both rank-8 q/v) share one graph; the base's is another
+        assert contexts[0].stepper is contexts[1].stepper is not contexts[2].stepper
+        assert len(model.steppers) == 2
+    last_logits = []
+    for context in contexts:
         reference = model.compiled.create_infer_request()  # the dynamic graph
         for name, tensor in context.lora.items():
             reference.set_tensor(name, tensor)
@@ -243,5 +258,10 @@ def test_the_one_token_graph_gives_the_dynamic_graphs_logits_bit_for_bit(world, 
             token = int(np.argmax(logits))
             logits = context.step(token)
             assert np.array_equal(logits, dynamic([token], position)), (profile, position)
+        last_logits.append(logits)
+    # The shared graph ran each session's own adapter: va, vb and the base all differ.
+    for i, j in ((0, 1), (0, 2), (1, 2)):
+        assert not np.array_equal(last_logits[i], last_logits[j])
+    for context in contexts:
         context.close()
     model.close()

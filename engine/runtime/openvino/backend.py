@@ -17,14 +17,15 @@ it, and it is rebuilt only when a new adapter reaches a layer that has no branch
 
 The token loop runs on a one-token graph instead: the same IR with an input length of 1
 fixed at compile time, which OpenVINO's CPU plugin runs about 1.15x faster per token (it
-fuses the element-wise nodes and skips per-node shape inference), one per adapter set
-with the session's adapters as constant branches (inputs cost a variant 10-15 % of the
-base's speed, constants almost nothing; the base's graph has no branch). After a prompt
-its KV state moves from the prompt request into the session's own one-token request
-(`OvContext.prefill`). The logits equal the prompt graph's fed one token at a time, to
-the bit (tests/test_openvino_profiles.py). Each one-token graph holds its own copy of the
-weights, so the `exact` profile, whose F16 weights compile to f32, steps on its prompt
-graph instead.
+fuses the element-wise nodes and skips per-node shape inference). Its LoRA branches have
+static ranks, so there is one per rank layout (every rank-8 q/v adapter shares one; the
+base's has no branch), and the branches of layers that read the same input are merged:
+with dynamic ranks a variant ran at 0.84-0.89 of its base's speed, this way at about
+0.95. After a prompt its KV state moves from the prompt request into the session's own
+one-token request (`OvContext.prefill`). The logits equal the prompt graph's fed one token
+at a time, to the bit (tests/test_openvino_profiles.py). Each one-token graph holds its
+own copy of the weights, so the `exact` profile, whose F16 weights compile to f32, steps
+on its prompt graph instead.
 
 The logits are sliced before the output projection (an extra `logits_from` input), so
 a prompt computes one row of logits, not one per token.
@@ -83,8 +84,10 @@ ONE_TOKEN = {"input_ids": [1, 1], "position_ids": [1, 1], "attention_mask": [1, 
 MAX_STEPPERS = 2  # one-token graphs kept per base (each holds its own copy of the weights)
 # Per layer (MatMul name): A (rank × in) and the scaled B (out × rank) of a session.
 Branches = dict[str, tuple[np.ndarray, np.ndarray]]
-# A session's adapters as its one-token graph knows them: (sha256, scale), scale 0 left out.
-StepperKey = tuple[tuple[str, float], ...]
+# What a one-token graph is compiled for: the rank a session's adapters put on each layer
+# (sorted; layers its adapters reach at a non-zero scale only). Every adapter set with
+# the same ranks (a family of rank-8 q/v adapters, say) shares one graph.
+Layout = tuple[tuple[str, int], ...]
 POLL_MS = 50
 END_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<end_of_turn>",
              "<|end_of_text|>")
@@ -142,9 +145,9 @@ class OvModel:
         self.builds = 0
         self.compiled: Any = None  # the prompt graph: any sequence length, any rank
         self.node_index: dict[str, int] = {}  # registered layer -> its LoRA inputs' number
-        # One-token graphs by the adapters (sha256, scale) a session runs (`stepper`); for
-        # the compressed profiles only.
-        self.steppers: OrderedDict[StepperKey, Any] = OrderedDict()
+        # One-token graphs by the ranks a session's adapters put on each layer (`stepper`),
+        # with their branch groups; for the compressed profiles only.
+        self.steppers: OrderedDict[Layout, tuple[Any, list[list[str]]]] = OrderedDict()
         self.one_token_graphs = compute is not None and compute.weights != "f16"
         bf16 = compile_config(compute, n_threads)["INFERENCE_PRECISION_HINT"] == "bf16"
         # One inference thread at bf16 only where a child process found it safe.
@@ -217,56 +220,58 @@ class OvModel:
         wanted = set().union(*(a.nodes for a in adapters)) if adapters else set()
         return self.compiled is None or not wanted <= set(self.registered)
 
-    def _graph(self, constants: Branches | None) -> Any:
-        """The base graph with a LoRA branch `y += (x·Aᵀ)·Bᵀ` on layers, logits sliced.
+    def _graph(self, layout: Layout | None) -> tuple[Any, list[list[str]]]:
+        """The base graph with LoRA branches `y += (x·Aᵀ)·Bᵀ`, logits sliced, and its
+        branch groups.
 
         None: a branch on every registered layer, A and B inputs (`lora_a.N`, `lora_b.N`,
         N the layer's `node_index`) of any rank: the prompt graph, which every session
-        shares. Otherwise the branches of `constants` (A, B·scale per layer) with constant
-        weights: a session's one-token graph (`stepper`)."""
+        shares. Otherwise a one-token graph's branches, their ranks fixed by `layout`:
+        layers that read the same input (q, k and v; gate and up) share one, x·[A₁;A₂]ᵀ
+        then one product with the block-diagonal B, split per layer (inputs `step_a.G`,
+        `step_b.G`, G the group's place in the returned list): each of these tiny products
+        costs a node's fixed overhead, not arithmetic, so fewer is faster."""
         model = self.base_model.clone()
         by_name = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
-        layers = self.registered if constants is None else constants
+        layers = list(self.registered) if layout is None else [n for n, _ in layout]
         for node_name in layers:
             op = by_name.get(node_name)
             if op is None or op.get_type_name() != "MatMul":
                 raise EngineError(f"layer {node_name} is not a MatMul of this model")
-        params = []
-        if constants is None:
+        params: list[Any] = []
+
+        def branch(name: str, a_shape: list[int], b_shape: list[int], ops_: list[Any]) -> None:
+            a = ops.parameter(a_shape, self.lora_type, name=f"{name[0]}.{name[1]}")
+            b = ops.parameter(b_shape, self.lora_type, name=f"{name[2]}.{name[1]}")
+            a.output(0).get_tensor().set_names({f"{name[0]}.{name[1]}"})
+            b.output(0).get_tensor().set_names({f"{name[2]}.{name[1]}"})
+            params.extend((a, b))
+            _add_branch(ops_, a, b, self.lora_type)
+
+        groups: list[list[str]] = []
+        if layout is None:
             for node_name in layers:
                 out_f, in_f = self.registered[node_name]
-                index = self.node_index[node_name]
-                a = ops.parameter([-1, in_f], self.lora_type, name=f"lora_a.{index}")
-                b = ops.parameter([out_f, -1], self.lora_type, name=f"lora_b.{index}")
-                a.output(0).get_tensor().set_names({f"lora_a.{index}"})
-                b.output(0).get_tensor().set_names({f"lora_b.{index}"})
-                params += [a, b]
-                _add_branch([by_name[node_name]], a, b, self.lora_type)
+                branch(("lora_a", self.node_index[node_name], "lora_b"), [-1, in_f],
+                       [out_f, -1], [by_name[node_name]])
         else:
-            # Layers that read the same input (q, k and v; gate and up) share one branch:
-            # x·[A₁;A₂]ᵀ, then one product with the block-diagonal B, split per layer.
-            # Each of these tiny products costs a node's fixed overhead, not arithmetic.
-            groups: dict[Any, list[str]] = {}
-            for node_name in constants:
+            ranks = dict(layout)
+            by_source: dict[tuple[str, int], list[str]] = {}
+            for node_name in layers:
                 source = by_name[node_name].input_value(0)
-                groups.setdefault((source.get_node().get_name(), source.get_index()),
-                                  []).append(node_name)
-            for names in groups.values():
-                a_cat = np.concatenate([constants[n][0] for n in names], 0)
-                b_block = np.zeros((sum(constants[n][1].shape[0] for n in names),
-                                    a_cat.shape[0]), np.float32)
-                row = col = 0
-                for n in names:
-                    b = constants[n][1]
-                    b_block[row:row + b.shape[0], col:col + b.shape[1]] = b
-                    row, col = row + b.shape[0], col + b.shape[1]
-                _add_branch([by_name[n] for n in names], ops.constant(a_cat),
-                            ops.constant(b_block), ov.Type.f32)
+                by_source.setdefault((source.get_node().get_name(), source.get_index()),
+                                     []).append(node_name)
+            groups = list(by_source.values())
+            for index, names in enumerate(groups):
+                rank = sum(ranks[n] for n in names)
+                out_f = sum(self.registered[n][0] for n in names)
+                branch(("step_a", index, "step_b"), [rank, self.registered[names[0]][1]],
+                       [out_f, rank], [by_name[n] for n in names])
         self._sliced = _slice_logits(model)
         if params:
             model.add_parameters(params)
         model.validate_nodes_and_infer_types()
-        return model
+        return model, groups
 
     def _compile_graph(self, model: Any) -> Any:
         """Compile `model` with the profile's settings; refuse a precision the CPU changed."""
@@ -284,13 +289,12 @@ class OvModel:
                                "openvino-default`")
         return compiled
 
-    def prepare(self, adapters: tuple[LoadedAdapter, ...], key: StepperKey,
-                constants: Branches) -> None:
+    def prepare(self, adapters: tuple[LoadedAdapter, ...], layout: Layout) -> None:
         """Register adapters and compile what a session of them needs and is missing: the
         prompt graph when a new layer needs a branch (every registered layer's, any
-        rank), and the session's one-token graph (`stepper`). Two graphs are compiled at
-        once, in two threads (OpenVINO releases the GIL): a base's first load took
-        2.6-3.0 s that way against 4.7-5.0 s one after the other."""
+        rank), and the one-token graph of the session's `layout` (`stepper`). Two graphs
+        are compiled at once, in two threads (OpenVINO releases the GIL): a base's first
+        load took 2.6-3.0 s that way against 4.7-5.0 s one after the other."""
         rebuild = self._needs_branches(adapters)
         for adapter in adapters:
             self.adapters.setdefault(adapter.sha256, adapter)
@@ -302,9 +306,10 @@ class OvModel:
             self.compiled = self._prompt_request = None
             self.steppers.clear()  # their sessions are closed with the old prompt graph
             self.node_index = {node: i for i, node in enumerate(sorted(self.registered))}
-            graphs["prompt"] = self._graph(None)
-        if self.one_token_graphs and key not in self.steppers:
-            graph = self._graph(constants)
+            graphs["prompt"] = self._graph(None)[0]
+        groups: list[list[str]] = []
+        if self.one_token_graphs and layout not in self.steppers:
+            graph, groups = self._graph(layout)
             graph.reshape({**ONE_TOKEN, **({LOGITS_FROM: [1]} if self._sliced else {})})
             graphs["step"] = graph
         if len(graphs) > 1:
@@ -318,22 +323,21 @@ class OvModel:
             self.compiled = compiled["prompt"]
             self.builds += 1
         if "step" in compiled:
-            self.steppers[key] = compiled["step"]
+            self.steppers[layout] = (compiled["step"], groups)
             while len(self.steppers) > MAX_STEPPERS:
                 self.steppers.popitem(last=False)
 
-    def stepper(self, key: StepperKey) -> Any:
-        """The compiled one-token graph of a session whose adapters are `key` (sha256 and
-        scale of each, scale 0 left out), compiled by `prepare`; the least recently used
-        of `MAX_STEPPERS` is dropped after another is compiled (a session keeps its own
-        alive). Its LoRA branches are FullyConnected layers with constant weights: about
-        free per token, where input tensors cost a variant 10-15 % of the base's speed
-        (docs/performance.md). The exact profile steps on its prompt graph: another copy
-        of its weights would be a GB of f32."""
+    def stepper(self, layout: Layout) -> tuple[Any, list[list[str]] | None]:
+        """The compiled one-token graph for `layout` and its branch groups, compiled by
+        `prepare`; the least recently used of `MAX_STEPPERS` is dropped after another is
+        compiled (a session keeps its own alive). Its ranks are static: with inputs of
+        dynamic rank a variant ran at 0.84-0.89 of its base, with static ranks at about
+        0.95 (docs/performance.md). The exact profile steps on its prompt graph (groups
+        None): another copy of its weights would be a GB of f32."""
         if not self.one_token_graphs:
-            return self.compiled
-        self.steppers.move_to_end(key)
-        return self.steppers[key]
+            return self.compiled, None
+        self.steppers.move_to_end(layout)
+        return self.steppers[layout]
 
     def prompt_request(self) -> Any:
         """The one request every session decodes prompts with (it starts from an empty
@@ -357,14 +361,13 @@ class OvModel:
                     n_batch: int) -> OvContext:
         loaded = self._loaded(adapters)
         scaled = tuple(zip(loaded, (a.scale for a, _ in adapters), strict=True))
-        branches = _branches(scaled)
-        # Adapters at scale 0 add exactly nothing: such a session steps on the graph of
-        # the others (the base's, if none is left).
-        key = tuple((a.sha256, scale) for a, scale in scaled if scale)
-        constants = {node: branch for node, branch in branches.items()
-                     if any(scale and node in a.layers for a, scale in scaled)}
-        self.prepare(loaded, key, constants)
-        return OvContext(self, loaded, branches, self.stepper(key), n_ctx)
+        # Adapters at scale 0 add exactly nothing: the token loop leaves them out (a
+        # session of only such adapters steps on the base's graph, which has no branch).
+        active = _branches(tuple((a, scale) for a, scale in scaled if scale))
+        layout = tuple(sorted((node, a.shape[0]) for node, (a, _) in active.items()))
+        self.prepare(loaded, layout)
+        return OvContext(self, loaded, _branches(scaled), active, self.stepper(layout),
+                         n_ctx)
 
     @property
     def profile_name(self) -> str:
@@ -399,7 +402,8 @@ class OvContext:
     this session's request, which decodes the answer token by token."""
 
     def __init__(self, model: OvModel, adapters: tuple[LoadedAdapter, ...],
-                 branches: Branches, stepper: Any, n_ctx: int) -> None:
+                 branches: Branches, active: Branches,
+                 stepper: tuple[Any, list[list[str]] | None], n_ctx: int) -> None:
         self.model = model
         self.n_ctx = n_ctx
         self.cancelled: Callable[[], bool] = lambda: False
@@ -413,9 +417,23 @@ class OvContext:
                                        np.zeros((out_f, 0), np.float32)))
             self.lora[f"lora_a.{index}"] = _tensor(a, model.lora_type)
             self.lora[f"lora_b.{index}"] = _tensor(b, model.lora_type)
-        self.stepper = stepper  # held here, so it outlives its eviction from the model
-        self.request = stepper.create_infer_request()
-        inputs = {name for port in self.stepper.inputs for name in port.get_names()}
+        compiled, groups = stepper
+        self.stepper = compiled  # held here, so it outlives its eviction from the model
+        self.request = compiled.create_infer_request()
+        # The one-token graph's adapter inputs: per group, the active adapters' A of its
+        # layers stacked, and their B block-diagonal.
+        step_inputs = dict(self.lora) if groups is None else {}
+        for index, names in enumerate(groups or ()):
+            a_cat = np.concatenate([active[n][0] for n in names], 0)
+            b_block = np.zeros((sum(active[n][1].shape[0] for n in names), a_cat.shape[0]),
+                               np.float32)
+            row = col = 0
+            for n in names:
+                b = active[n][1]
+                b_block[row:row + b.shape[0], col:col + b.shape[1]] = b
+                row, col = row + b.shape[0], col + b.shape[1]
+            step_inputs[f"step_a.{index}"] = _tensor(a_cat, model.lora_type)
+            step_inputs[f"step_b.{index}"] = _tensor(b_block, model.lora_type)
         self.tokens: list[int] = []
         self.reused = 0  # every prompt is decoded whole (see `prefill`)
         self._beam = np.zeros(1, np.int32)
@@ -430,9 +448,8 @@ class OvContext:
             fixed[LOGITS_FROM] = np.zeros(1, np.int64)
         for name, array in fixed.items():
             self.request.set_tensor(name, ov.Tensor(array, shared_memory=True))
-        for name, tensor in self.lora.items():
-            if name in inputs:
-                self.request.set_tensor(name, tensor)
+        for name, tensor in step_inputs.items():
+            self.request.set_tensor(name, tensor)
         self._fixed = fixed  # the buffers stay alive while they are bound
 
     @property
@@ -667,7 +684,11 @@ def _tensor(array: np.ndarray, kind: Any) -> ov.Tensor:
         return ov.Tensor(array)
     bits = array.view(np.uint32)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-    return ov.Tensor(rounded, list(array.shape), ov.Type.bf16)
+    # Written into memory the tensor owns: a tensor made from a numpy array shares that
+    # array, which must then outlive every request the tensor is bound to.
+    tensor = ov.Tensor(ov.Type.bf16, list(array.shape))
+    tensor.data.view(np.uint16)[...] = rounded
+    return tensor
 
 
 def _slice_logits(model: Any) -> bool:
