@@ -13,9 +13,9 @@
    variant's), each profile on a fresh engine.
 5. KL of each profile's next-token distributions against llama.cpp on the same prompts.
 
-Each profile has an engine of its own (no profile evicts another between rounds); rounds
-alternate the sides; medians and ratios of medians are reported (this machine is
-shared: single runs are noise). Writes benchmarks/out/openvino.json.
+Each profile has an engine of its own (no profile evicts another between rounds); odd
+rounds run the sides in reverse order; medians and ratios of medians are reported (this
+machine is shared: single runs are noise). Writes benchmarks/out/openvino.json.
 Usage: VARIANT_STUDIO_THREADS=1 .venv/bin/python -m benchmarks.bench_openvino
        [--rounds N] [--tokens N] [--no-parity]
 """
@@ -134,13 +134,22 @@ def main() -> None:
     fast_spec = resolve(catalog, ov, ov_profile="fast")
     # GenAI on the fast IR with the precisions and thread count our engine compiled it with.
     genai = _GenaiPipeline(fast_spec.base_path, args.tokens, compiled["fast"])
-    for _ in range(args.rounds):
-        for label, backend, name, profile in runs:
-            sides[label].append(tps(backend, name, profile, label))
+    def genai_round() -> None:
         before = time.process_time()
         sides["genai_fast"].append(genai.tps(PROMPT))
         cpu_ms.setdefault("genai_fast", []).append(
             (time.process_time() - before) * 1000 / args.tokens)
+
+    # Odd rounds run the sides in reverse order, so a drift of the machine's speed over a
+    # round favours no side.
+    order = [*runs, None]
+    for round_ in range(args.rounds):
+        for side in (order if round_ % 2 == 0 else order[::-1]):
+            if side is None:
+                genai_round()
+            else:
+                label, backend, name, profile = side
+                sides[label].append(tps(backend, name, profile, label))
     genai_props = genai.props
     genai.close()
     for profile in PROFILES:

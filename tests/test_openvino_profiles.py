@@ -177,32 +177,60 @@ def test_each_profile_compiles_with_the_settings_its_identity_names() -> None:
     assert compile_config(bf16, 4)["INFERENCE_NUM_THREADS"] == "4"
 
 
+def test_the_probe_takes_bf16_only_where_the_child_survived_it_and_it_was_faster() -> None:
+    from engine.runtime.openvino.probe import BF16_MARGIN, Probe, _answer
+
+    both = json.dumps({"f32": 100.0, "bf16": 100.0 * BF16_MARGIN})
+    assert _answer(0, "warning: x\n" + both) == Probe(True, "bf16", json.loads(both))
+    assert _answer(0, json.dumps({"f32": 100.0, "bf16": 104.0})).precision == "f32"
+    # Killed by a signal (SIGFPE) after the f32 round: bf16 is not safe here.
+    crashed = _answer(-8, json.dumps({"f32": 100.0}))
+    assert crashed == Probe(False, "f32", {"f32": 100.0})
+    assert _answer(1, "") == Probe(False, "f32", {})
+
+
 @pytest.mark.slow
-def test_bf16_on_one_thread_is_probed_once_in_a_child_and_a_crash_means_two(
+def test_the_precision_is_probed_once_in_a_child_and_registered_in_the_profiles(
         world, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
+    from dataclasses import asdict
 
     from engine.runtime.openvino import build, probe
 
     catalog, _ = world
     folder = Path(resolve.resolve(catalog, OV, ov_profile="fast").base_path)
+    record = catalog.model(OV)
+    built = build.cached_build(record["built_from"]["sha256"])
+    assert built is not None
     monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
-    answer = probe.bf16_one_thread_ok(folder)  # a real child, on the real IR
+    answer = probe.ask(folder)  # a real child, on the real IR (where the CPU has bf16)
     kept = json.loads((tmp_path / probe.PROBES).read_text())
-    assert kept == {probe.machine_key(): answer}
+    assert kept == {probe.machine_key(): asdict(answer)}
+    if probe.native_bf16():
+        assert answer.tokens_per_second["f32"] > 0
+        assert answer.precision == ("bf16" if answer.tokens_per_second.get("bf16", 0)
+                                    >= probe.BF16_MARGIN * answer.tokens_per_second["f32"]
+                                    else "f32")
+    else:
+        assert answer == probe.Probe(False, "f32", {})
 
     def no_child(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("asked again")
 
     monkeypatch.setattr(subprocess, "run", no_child)
-    assert probe.bf16_one_thread_ok(folder) is answer  # kept: no second child
+    assert probe.ask(folder) == answer  # kept: no second child
+    # The catalog's compressed profiles compute at the chosen precision, the exact at f32.
+    records = openvino_default.profile_records(built, {"path": record["path"],
+                                                       "sha256": "e" * 64})
+    assert {name: r["precision"] for name, r in records.items()} == {
+        "fast": answer.precision, "fast-int8": answer.precision, "exact": "f32"}
     monkeypatch.undo()
     # A child that dies (here: no IR to compile) is a no, and kept as one.
     monkeypatch.setenv(build.CACHE_ENV, str(tmp_path / "other"))
     (tmp_path / "other").mkdir()
-    assert probe.bf16_one_thread_ok(tmp_path / "missing") is False
+    assert probe.ask(tmp_path / "missing") == probe.Probe(False, "f32", {})
     assert json.loads((tmp_path / "other" / probe.PROBES).read_text()) == {
-        probe.machine_key(): False}
+        probe.machine_key(): asdict(probe.Probe(False, "f32", {}))}
 
 
 @pytest.mark.slow

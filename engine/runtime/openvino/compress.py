@@ -57,11 +57,9 @@ FAST = "fast"
 FAST_INT8 = "fast-int8"
 # Profile name -> (weights, recipe). The exact profile is the F16 build itself.
 COMPRESSED = {FAST: ("int4", "int4-q4_1-g32-v1"), FAST_INT8: ("int8", "int8-asym-v1")}
-# What each profile computes at (the exact profile is today's parity setting). The fast
-# profiles take the CPU's preferred precision when it is f32 or bf16 (`cpu_precision`),
-# a f16 KV cache (half the memory, no measurable change: docs/performance.md) and no
-# dynamic quantization of activations.
-EXACT_SETTINGS = {"precision": "f32", "kv_cache": "f32"}
+# The compressed profiles keep a f16 KV cache (half the memory, no measurable change:
+# docs/performance.md) and no dynamic quantization of activations; the precision they
+# compute at is this machine's, chosen when the profile is registered (`probe`).
 FAST_KV_CACHE = "f16"
 MANIFEST = "build.json"
 IR_FOLDER = "ir"
@@ -99,7 +97,6 @@ class ProfileBuild:
     weights: str
     recipe: str
     folder: str  # the IR folder to serve
-    precision: str
     kv_cache: str
     nncf: str
     seconds: float
@@ -116,8 +113,9 @@ def cached_profile(root: Path, source_sha256: str, profile: str,
     folder = root / profile_key(source_sha256, profile, openvino_version)
     try:
         data = json.loads((folder / MANIFEST).read_text())
+        data.pop("precision", None)  # kept by older builds: chosen per machine now
         found = ProfileBuild(**data)
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
     ir = folder / IR_FOLDER
     if found.name != profile or not (ir / "openvino_model.xml").is_file() or not (
@@ -162,7 +160,7 @@ def _build_profile(final: Path, profile: str, source: Path, exact_ir: Path,
                 shutil.copy2(item, ir / item.name)
         result = ProfileBuild(
             name=profile, weights=weights, recipe=recipe, folder=str(final / IR_FOLDER),
-            precision=cpu_precision(), kv_cache=FAST_KV_CACHE, nncf=nncf_version(),
+            kv_cache=FAST_KV_CACHE, nncf=nncf_version(),
             seconds=round(time.monotonic() - started, 2), layers=layers,
             size=(ir / "openvino_model.bin").stat().st_size)
         write_json_atomic(staging / MANIFEST, result.to_dict())
@@ -174,20 +172,6 @@ def _build_profile(final: Path, profile: str, source: Path, exact_ir: Path,
         raise
     report(stage, 1.0)
     return result
-
-
-def cpu_precision() -> str:
-    """The CPU's preferred inference precision, where it is numerically safe.
-
-    OpenVINO's default for this CPU (bf16 where the CPU has native bf16, else f32). An
-    f16 default (ARM, AVX512-FP16) is not taken: the activations of a small llama can
-    exceed f16's range, and we have not measured it; f32 then.
-    """
-    import openvino as ov
-
-    # The property is an `ov.Type`, whose str is "<Type: 'bfloat16'>" (never "bf16").
-    hint = str(ov.Core().get_property("CPU", "INFERENCE_PRECISION_HINT"))
-    return "bf16" if "bfloat16" in hint or "bf16" in hint else "f32"
 
 
 def compress_ir(exact_ir: Path, target: Path, weights: str, source: Path,
