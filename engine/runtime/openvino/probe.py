@@ -2,7 +2,7 @@
 
 Where the CPU has native bf16, OpenVINO's CPU plugin defaults to it, but bf16 is not
 always the better choice: on an AVX-512 BF16 Zen 4 a compressed profile decoded about 1.2x
-faster at bf16 than at f32 on one thread, on a Zen 5 about 1.2x slower (docs/notes.md),
+faster at bf16 than at f32 on one thread, on a Zen 5 no faster (docs/notes.md),
 and OpenVINO 2026.4 died with SIGFPE at bf16 on one thread on a third VM of this kind.
 Python cannot catch the signal, and it would take the engine down with every request, so
 the question is asked once per CPU and OpenVINO version, in a child process that compiles
@@ -12,7 +12,8 @@ and it was clearly faster (`BF16_MARGIN`); f32 otherwise, the safe side. The ans
 in the OpenVINO build cache (`probes.json`). A record made earlier at bf16 still runs at
 bf16, on two threads unless one is known to be safe (`backend.compile_config`).
 
-Engine and catalog processes (OpenVINO is imported by the child only, this module's `main`).
+Any process (the window's registers the default): OpenVINO is imported by the child only,
+this module's `main`.
 """
 
 from __future__ import annotations
@@ -86,23 +87,21 @@ def ask(ir_folder: Path) -> Probe:
         return Probe(**known[key])
     except (KeyError, TypeError):
         pass  # not asked yet here (or kept by an older version): ask
-    if not native_bf16():
-        found = Probe(False, "f32", {})
-    else:
-        try:
-            child = subprocess.run([sys.executable, "-m", __name__, str(ir_folder)],
-                                   capture_output=True, text=True, timeout=TIMEOUT_S,
-                                   check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return Probe(False, "f32", {})  # not known: ask again next time
-        found = _answer(child.returncode, child.stdout)
+    try:
+        child = subprocess.run([sys.executable, "-m", __name__, str(ir_folder)],
+                               capture_output=True, text=True, timeout=TIMEOUT_S,
+                               check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return Probe(False, "f32", {})  # not known: ask again next time
+    found = _answer(child.returncode, child.stdout)
     known[key] = asdict(found)
     write_json_atomic(path, known)
     return found
 
 
 def _answer(returncode: int, stdout: str) -> Probe:
-    """The child's last JSON line (tokens/s per precision), or a crash: f32."""
+    """From the child's last JSON line (tokens/s per precision; none where the CPU has no
+    native bf16); a crash or no bf16: f32."""
     speeds: dict[str, float] = {}
     for line in stdout.splitlines():
         try:
@@ -127,10 +126,14 @@ def preferred_precision(ir_folder: Path) -> str:
 
 def main(argv: list[str]) -> int:
     """The child: time one-token steps of the IR at `argv[0]` at f32, then bf16, on one
-    thread, printing the speeds so far after each round (a crash keeps what came before)."""
+    thread, printing the speeds so far after each round (a crash keeps what came before);
+    where the CPU has no native bf16, nothing to time."""
     import numpy as np
     import openvino as ov
 
+    if not native_bf16():
+        print(json.dumps({}), flush=True)
+        return 0
     core = ov.Core()
     model = core.read_model(str(Path(argv[0]) / "openvino_model.xml"))
     one_token = model.clone()
