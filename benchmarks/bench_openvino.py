@@ -134,6 +134,7 @@ def main() -> None:
     fast_spec = resolve(catalog, ov, ov_profile="fast")
     # GenAI on the fast IR with the precisions and thread count our engine compiled it with.
     genai = _GenaiPipeline(fast_spec.base_path, args.tokens, compiled["fast"])
+
     def genai_round() -> None:
         before = time.process_time()
         sides["genai_fast"].append(genai.tps(PROMPT))
@@ -232,6 +233,7 @@ class _GenaiPipeline:
         props = {key: next(v for k, v in names.items() if k in compiled[key])
                  for key in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION")}
         props["INFERENCE_NUM_THREADS"] = compiled["INFERENCE_NUM_THREADS"]
+        props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = compiled["DYNAMIC_QUANTIZATION_GROUP_SIZE"]
         self.props = props
         self.pipeline = openvino_genai.LLMPipeline(folder, "CPU", **props)
         self.config = openvino_genai.GenerationConfig()

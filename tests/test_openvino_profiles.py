@@ -38,6 +38,7 @@ def _record(**extra: Any) -> dict[str, Any]:
                        "sha256": name[0] * 64, "path": f"/x/{name}"}
                 for name, w, kv in (("fast", "int4", "f16"), ("fast-int8", "int8", "f16"),
                                     ("exact", "f16", "f32"))}
+    profiles["fast-int8"]["dynamic_quantization"] = 32
     return {"name": "ov", "backend": "openvino", "profiles": profiles, **extra}
 
 
@@ -46,7 +47,9 @@ def test_a_base_with_profiles_serves_fast_by_default_and_refuses_unknown_ones() 
     assert resolve.compute_profile(record) == ComputeProfile("fast", "int4", "f32", "f16",
                                                              "f" * 64)
     assert resolve.compute_profile(record, "exact").weights == "f16"
-    assert resolve.compute_profile(record, "fast-int8").weights == "int8"
+    int8 = resolve.compute_profile(record, "fast-int8")
+    assert int8 is not None and (int8.weights, int8.dynamic_quantization) == ("int8", 32)
+    assert int8.label() == "fast-int8 (int8 @ f32, int8 activations)"
     assert resolve.compute_profile(_record(default_profile="exact")).name == "exact"
     with pytest.raises(UsageError, match="unknown OpenVINO profile 'int2'"):
         resolve.compute_profile(record, "int2")
@@ -74,6 +77,12 @@ def test_profiles_are_part_of_the_identity_and_absent_keys_are_unchanged() -> No
     assert fast is not None
     bf16 = ComputeProfile(fast.name, fast.weights, "bf16", fast.kv_cache, fast.weights_sha256)
     assert ident(bf16).key != ident(fast).key
+    # So does quantizing the activations; float activations add nothing to the key.
+    quantized = ComputeProfile(fast.name, fast.weights, fast.precision, fast.kv_cache,
+                               fast.weights_sha256, dynamic_quantization=32)
+    assert ident(quantized).key != ident(fast).key
+    assert "dynamic_quantization" not in ident(fast).canonical()
+    assert Identity.from_dict(ident(quantized).to_dict()) == ident(quantized)
     # No profile: the canonical form has no `compute` field (the keys made before stay).
     assert "compute" not in ident(None).canonical() and "compute" not in ident(None).to_dict()
     for item in (ident(fast), ident(None)):
@@ -122,8 +131,11 @@ def test_the_built_default_has_three_profiles_with_their_own_keys_and_weights(wo
     assert resolve.identity(catalog, "va", ov_profile="fast-int8").compute == specs[
         "fast-int8"].identity.compute
     assert resolve.identity(catalog, DEFAULT_MODEL_NAME).compute is None
-    # The int4 layers carry the source's own Q4_1 codes (compress.py).
+    # The int4 and int8 layers carry the source's own Q4_1 codes (compress.py); int8's
+    # integer zero points let its activations be quantized (fast's stay float).
     assert record["profiles"]["fast"]["layers"]["snapped_to_source"] == 210
+    assert record["profiles"]["fast-int8"]["layers"]["snapped_to_source"] == 210
+    assert [specs[p].identity.compute.dynamic_quantization for p in PROFILES] == [0, 32, 0]
 
 
 @pytest.mark.slow
@@ -144,6 +156,8 @@ def test_dynamic_lora_applies_on_the_compressed_weights(world, profile: str) -> 
     wanted = {"f32": "float32", "bf16": "bfloat16"}[world[0].model(OV)["profiles"][profile][
         "precision"]]
     assert wanted in found[0]["compiled"]["INFERENCE_PRECISION_HINT"], found[0]["compiled"]
+    assert found[0]["compiled"]["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == str(
+        resolve.compute_profile(world[0].model(OV), profile).dynamic_quantization)
 
 
 @pytest.mark.slow
@@ -169,6 +183,8 @@ def test_each_profile_compiles_with_the_settings_its_identity_names() -> None:
     fast = compile_config(resolve.compute_profile(_record(), "fast"), 1)
     assert (fast["INFERENCE_PRECISION_HINT"], fast["KV_CACHE_PRECISION"]) == ("f32", "f16")
     assert fast["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "0"  # no activation quantization
+    int8 = compile_config(resolve.compute_profile(_record(), "fast-int8"), 1)
+    assert int8["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == "32"  # int8 activations, groups of 32
     # bf16 on one thread died with SIGFPE on one machine (docs/notes.md): two threads,
     # unless the probe found one thread safe here.
     bf16 = ComputeProfile("fast", "int4", "bf16", "f16", "f" * 64)

@@ -96,10 +96,15 @@ class ComputeProfile:
     precision: str  # INFERENCE_PRECISION_HINT: "f32" or "bf16"
     kv_cache: str  # KV_CACHE_PRECISION: "f32" or "f16"
     weights_sha256: str  # digest of the IR folder served (the base's own for "exact")
+    # DYNAMIC_QUANTIZATION_GROUP_SIZE: activations quantized to int8 in groups of this
+    # many (0: float activations; left out of the key then, so older keys stay).
+    dynamic_quantization: int = 0
 
     def label(self) -> str:
-        """A short label for a library row or a report: `fast (int4 @ f32)`."""
-        return f"{self.name} ({self.weights} @ {self.precision})"
+        """A short label for a library row or a report: `fast (int4 @ f32)`,
+        `fast-int8 (int8 @ f32, int8 activations)`."""
+        extra = ", int8 activations" if self.dynamic_quantization else ""
+        return f"{self.name} ({self.weights} @ {self.precision}{extra})"
 
 
 @dataclass(frozen=True)
@@ -115,9 +120,7 @@ class Identity:
     compute: ComputeProfile | None = None
 
     def canonical(self) -> str:
-        data = asdict(self)
-        if data["compute"] is None:  # no profiles on this backend: the key as before
-            del data["compute"]
+        data = _without_defaults(asdict(self))
         return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
     @property
@@ -140,9 +143,7 @@ class Identity:
                         self.context, self.compute)
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        if data["compute"] is None:
-            del data["compute"]
+        data = _without_defaults(asdict(self))
         data["key"] = self.key
         return data
 
@@ -159,3 +160,14 @@ class Identity:
             context=ContextConfig(**data["context"]),
             compute=ComputeProfile(**data["compute"]) if data.get("compute") else None,
         )
+
+
+def _without_defaults(data: dict) -> dict:
+    """An identity's fields without those added later at their "off" values, so the keys
+    made before them do not change: no `compute` (no profiles on this backend), no
+    `compute.dynamic_quantization` (float activations)."""
+    if data["compute"] is None:
+        del data["compute"]
+    elif not data["compute"]["dynamic_quantization"]:
+        del data["compute"]["dynamic_quantization"]
+    return data

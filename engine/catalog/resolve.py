@@ -193,7 +193,7 @@ def compute_profile(base: dict[str, Any], ov_profile: str | None = None
                            "model openvino-default` to build it")
     entry = profiles[name]
     return ComputeProfile(name, entry["weights"], entry["precision"], entry["kv_cache"],
-                          entry["sha256"])
+                          entry["sha256"], int(entry.get("dynamic_quantization", 0)))
 
 
 def identity_of_parts(catalog: Catalog, base_name: str, adapters: list[AdapterSpec],

@@ -28,8 +28,7 @@ from engine.catalog.store import Catalog
 from engine.curated import demo, embedded
 from engine.errors import RefusedError, StudioError, UnknownNameError, UsageError
 from engine.runtime.openvino import build as openvino_build
-from engine.runtime.openvino import probe
-from engine.runtime.openvino.compress import FAST
+from engine.runtime.openvino import compress, probe
 
 NAME = openvino_build.DEFAULT_OPENVINO_MODEL_NAME
 BUILD_COMMAND = "variant-studio model openvino-default"
@@ -173,10 +172,11 @@ def profile_records(result: openvino_build.BuildResult, exact: dict[str, Any]
     compressed profiles compute at the precision that is safe and fastest on this machine,
     found once by a child process (`probe`, on the int4 IR)."""
     out: dict[str, dict[str, Any]] = {}
-    precision = probe.preferred_precision(Path(result.profiles[FAST]["folder"]))
+    precision = probe.preferred_precision(Path(result.profiles[compress.FAST]["folder"]))
     for name, built in result.profiles.items():
         folder = Path(built["folder"])
         out[name] = {"weights": built["weights"], "precision": precision,
+                     "dynamic_quantization": compress.DYNAMIC_QUANTIZATION[name],
                      "kv_cache": built["kv_cache"], "path": str(folder),
                      "sha256": digest.content_digest(folder), "size": built["size"],
                      "recipe": built["recipe"], "nncf": built["nncf"],

@@ -73,8 +73,9 @@ COMPILE_CONFIG: dict[str, Any] = {
     "PERFORMANCE_HINT": "LATENCY",
     "NUM_STREAMS": "1",
 }
-# A compressed profile computes at its own precision (`compile_config`); everything else
-# stays as above, so only what the identity names differs between the profiles.
+# A compressed profile computes at its own precision and activation quantization
+# (`compile_config`); everything else stays as above, so only what the identity names
+# differs between the profiles.
 _PRECISION_TYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 REQUIRED_INPUTS = ("input_ids", "attention_mask", "position_ids", "beam_idx")
 LOGITS_FROM = "logits_from"
@@ -283,10 +284,13 @@ class OvModel:
                               details=(str(exc).strip()[-400:],)) from None
         got = str(compiled.get_property("INFERENCE_PRECISION_HINT"))
         wanted = config["INFERENCE_PRECISION_HINT"]
-        if _PRECISION_TYPES[wanted] not in got:
-            raise RefusedError(f"this CPU computes {got} where the {self.profile_name} profile "
-                               f"names {wanted}; rebuild it with `variant-studio model "
-                               "openvino-default`")
+        groups = str(compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE"))
+        if _PRECISION_TYPES[wanted] not in got or groups != config[
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE"]:
+            raise RefusedError(f"this CPU computes {got} (activation groups {groups}) where "
+                               f"the {self.profile_name} profile names {wanted} "
+                               f"({config['DYNAMIC_QUANTIZATION_GROUP_SIZE']}); rebuild it "
+                               "with `variant-studio model openvino-default`")
         return compiled
 
     def prepare(self, adapters: tuple[LoadedAdapter, ...], layout: Layout) -> None:
@@ -377,7 +381,8 @@ class OvModel:
         compiled = {}
         if self.compiled is not None:
             compiled = {k: str(self.compiled.get_property(k)) for k in (
-                "INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "INFERENCE_NUM_THREADS")}
+                "INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "INFERENCE_NUM_THREADS",
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE")}
         return {"profile": self.compute.label() if self.compute else "exact (f16 @ f32)",
                 "compiled": compiled,
                 "adapters_loaded": sorted(self.adapters), "pipeline_builds": self.builds,
@@ -723,6 +728,7 @@ def compile_config(compute: ComputeProfile | None, n_threads: int,
     if compute is not None and compute.name != "exact":
         config["INFERENCE_PRECISION_HINT"] = compute.precision
         config["KV_CACHE_PRECISION"] = compute.kv_cache
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = str(compute.dynamic_quantization)
         if compute.precision == "bf16" and n_threads == 1 and not bf16_one_thread:
             # OpenVINO 2026.4's CPU plugin died with SIGFPE at bf16 on one thread on one
             # machine (docs/notes.md): two, unless `probe` found one safe here. The

@@ -4,7 +4,6 @@ The OpenVINO default is built as an F16 IR (`build.py`, the *exact* profile). Fr
 this module makes the compressed profiles with OpenVINO's own compression tool, NNCF's
 `compress_weights`, data-free:
 
-- `fast-int8`: every projection and the (tied) embedding INT8_ASYM, per output channel;
 - `fast` (int4): the 210 decoder projections INT4_ASYM in groups of 32, the embedding
   INT8_ASYM (NNCF's backup mode). When the source GGUF stores a projection as Q4_1
   (the embedded model does), NNCF's int4 codes are then replaced by the source's own:
@@ -16,6 +15,13 @@ this module makes the compressed profiles with OpenVINO's own compression tool, 
   block's offset to an integer zero point and moved the model far from the source
   (KL up to 1.9 nats against llama.cpp, top-1 0.6, measured; docs/performance.md).
   Every replaced layer is checked against the F16 IR's weights before it is saved.
+- `fast-int8`: where every projection of the source is Q4_1, the same layout with the
+  source's codes as 8-bit codes `16·q + o`, scale `d/16` and an integer (u8) zero point
+  `o + round(-16·m/d)`: the source's values but for the zero point's rounding (at most
+  d/32, a sixteenth of a Q4_1 step), and integer zero points, which let OpenVINO
+  quantize the activations to int8 and multiply on integers, as llama.cpp does
+  (`DYNAMIC_QUANTIZATION`, about 1.2x faster per token). Other sources: every projection
+  and the (tied) embedding INT8_ASYM, per output channel.
 
 The MatMuls keep their structural names (`__module.model.layers.N.self_attn.q_proj/...`):
 NNCF puts a decompression subgraph on the weight input and leaves the MatMul and its
@@ -56,10 +62,14 @@ EXACT = "exact"
 FAST = "fast"
 FAST_INT8 = "fast-int8"
 # Profile name -> (weights, recipe). The exact profile is the F16 build itself.
-COMPRESSED = {FAST: ("int4", "int4-q4_1-g32-v1"), FAST_INT8: ("int8", "int8-asym-v1")}
+COMPRESSED = {FAST: ("int4", "int4-q4_1-g32-v1"), FAST_INT8: ("int8", "int8-q4_1x16-g32-v1")}
+# OpenVINO's dynamic quantization of activations (int8, groups of this many) per profile:
+# it needs integer zero points, which the int8 profile has and the int4 one (whose f16
+# zero points keep the source's values exactly) has not (docs/formats.md, "Profiles").
+DYNAMIC_QUANTIZATION = {FAST: 0, FAST_INT8: 32}
 # The compressed profiles keep a f16 KV cache (half the memory, no measurable change:
-# docs/performance.md) and no dynamic quantization of activations; the precision they
-# compute at is this machine's, chosen when the profile is registered (`probe`).
+# docs/performance.md); the precision they compute at is this machine's, chosen when the
+# profile is registered (`probe`).
 FAST_KV_CACHE = "f16"
 MANIFEST = "build.json"
 IR_FOLDER = "ir"
@@ -183,23 +193,30 @@ def compress_ir(exact_ir: Path, target: Path, weights: str, source: Path,
     logging.getLogger("nncf").setLevel(logging.WARNING)  # no progress bars in the log
     core = ov.Core()
     model = core.read_model(str(exact_ir / "openvino_model.xml"))
-    # The F16 weights each replaced int4 layer is checked against (NNCF edits `model`).
-    reference = _f16_weights(model) if weights == "int4" else {}
+    if weights not in ("int4", "int8"):
+        raise EngineError(f"unknown weight format {weights!r}")
+    # The F16 weights each replaced layer is checked against (NNCF edits `model`).
+    reference = _f16_weights(model)
+    # int8 from a source whose projections are all Q4_1: NNCF's int4 layout (groups of
+    # 32 along the input), its codes then replaced by the source's as 8-bit codes.
+    grouped = weights == "int4" or _all_q4_1(source, reference)
     _check(stop)
-    if weights == "int8":
-        compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
-    elif weights == "int4":
+    if grouped:
         compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_ASYM,
                                            group_size=GROUP, ratio=1.0)
     else:
-        raise EngineError(f"unknown weight format {weights!r}")
+        compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
     progress(0.5)
     _check(stop)
-    layers = _count_formats(compressed)
     keep: list[np.ndarray] = []  # the new constants' memory, alive until saved
-    if weights == "int4":
-        layers["snapped_to_source"] = snap_to_source(compressed, source, reference, keep,
-                                                     lambda f: progress(0.5 + 0.4 * f), stop)
+    snapped = 0
+    if grouped:
+        snapped = snap_to_source(compressed, source, reference, keep,
+                                 lambda f: progress(0.5 + 0.4 * f), stop,
+                                 bits=4 if weights == "int4" else 8)
+    layers = _count_formats(compressed)
+    if grouped:
+        layers["snapped_to_source"] = snapped
     compressed.validate_nodes_and_infer_types()
     _check(stop)
     ov.save_model(compressed, str(target / "openvino_model.xml"), compress_to_fp16=False)
@@ -238,8 +255,13 @@ def _f16_weights(model: Any) -> dict[str, np.ndarray]:
 
 def snap_to_source(model: Any, source: Path, reference: dict[str, np.ndarray],
                    keep: list[np.ndarray], progress: Callable[[float], None],
-                   stop: CancelCheck) -> int:
+                   stop: CancelCheck, bits: int = 4) -> int:
     """Replace each int4 projection's codes by the source GGUF's own Q4_1 blocks.
+
+    `bits` 4: the Q4_1 codes, scale `d` and a f16 zero point `-m/d` (exact). `bits` 8:
+    8-bit codes `16·q + o` with scale `d/16` and an integer (u8) zero point, which
+    OpenVINO's dynamic quantization of activations needs (docs/formats.md); exact but
+    for the zero point's rounding, at most d/32.
 
     Returns how many layers were replaced; 0 when the source has no Q4_1 projections
     (then NNCF's own int4 codes stay). `keep` holds the arrays behind the new constants
@@ -280,22 +302,23 @@ def snap_to_source(model: Any, source: Path, reference: dict[str, np.ndarray],
             scale, minimum = unpermute_rows(scale, n_head), unpermute_rows(minimum, n_head)
         d = scale.astype(np.float32)
         m = minimum.astype(np.float32)
-        flat = d == 0  # a constant block: w = m, written as (0 - (-1)) * m
-        zero_point = np.where(flat, -1.0, -m / np.where(flat, 1.0, d)).astype(np.float16)
-        step = np.where(flat, m, d).astype(np.float16)
-        codes = np.where(flat[..., None], 0, codes).astype(np.uint8)
+        if bits == 4:
+            codes, zero_point, step = _q4_1_as_int4(codes, d, m)
+        else:
+            codes, zero_point, step = _q4_1_as_int8(codes, d, m)
         rebuilt = ((codes.astype(np.float32) - zero_point.astype(np.float32)[..., None])
                    * step.astype(np.float32)[..., None]).reshape(expected.shape)
         error = float(np.abs(rebuilt - expected).max() / max(np.abs(expected).max(), 1e-12))
         if error > SNAP_TOLERANCE:
             raise RefusedError(f"{op.get_friendly_name()}: the source's Q4_1 blocks differ "
                                f"from the F16 IR's weights (relative {error:.2g})")
-        packed = (codes.reshape(-1, 2)[:, 0] | (codes.reshape(-1, 2)[:, 1] << 4)).astype(
-            np.uint8)
+        packed = codes if bits == 8 else (
+            codes.reshape(-1, 2)[:, 0] | (codes.reshape(-1, 2)[:, 1] << 4)).astype(np.uint8)
         zp = zero_point[..., None]
         sc = step[..., None]
         keep.extend((packed, zp, sc))
-        _replace(convert, subtract, multiply, packed, list(codes.shape), zp, sc)
+        _replace(convert, subtract, multiply, packed, list(codes.shape), zp, sc,
+                 op.get_friendly_name(), bits)
         snapped += 1
         progress((index + 1) / len(projections))
     return snapped
@@ -350,14 +373,75 @@ def _decompression(op: Any) -> tuple[Any, Any, Any] | None:
     return convert, subtract, multiply
 
 
+def _q4_1_as_int4(codes: np.ndarray, d: np.ndarray, m: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1 blocks as u4 codes, f16 zero points and f16 scales: `(q - (-m/d)) · d`."""
+    flat = d == 0  # a constant block: w = m, written as (0 - (-1)) * m
+    zero_point = np.where(flat, -1.0, -m / np.where(flat, 1.0, d)).astype(np.float16)
+    step = np.where(flat, m, d).astype(np.float16)
+    return np.where(flat[..., None], 0, codes).astype(np.uint8), zero_point, step
+
+
+def _q4_1_as_int8(codes: np.ndarray, d: np.ndarray, m: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_1 blocks as u8 codes `16·q + o`, u8 zero points `o + round(-16·m/d)` and f16
+    scales `d/16`: `w = d·q + m` but for the zero point's rounding (at most d/32). The
+    offset `o` (0-15) lifts a negative zero point (a block of positive weights) into
+    range; a block whose zero point stays out of range keeps 4 bits' resolution (`k`
+    halved until it fits)."""
+    flat = d == 0
+    safe_d = np.where(flat, 1.0, d)
+    out_codes = np.zeros(codes.shape, np.uint8)
+    zero_point = np.zeros(d.shape, np.uint8)
+    step = np.zeros(d.shape, np.float16)
+    todo = ~flat
+    for k in (16, 8, 4, 2, 1):
+        zero = np.round(-k * m / safe_d)
+        offset = np.clip(-zero, 0, 255 - 15 * k)
+        fits = todo & (zero + offset >= 0) & (zero + offset <= 255)
+        out_codes[fits] = (k * codes[fits].astype(np.int32) + offset[fits, None]).astype(np.uint8)
+        zero_point[fits] = (zero + offset)[fits].astype(np.uint8)
+        step[fits] = (d / k)[fits].astype(np.float16)
+        todo &= ~fits
+    if todo.any():
+        raise RefusedError("a Q4_1 block's zero point does not fit 8 bits")
+    # A constant block: w = m, written as (1 - 0) * m.
+    out_codes[flat] = 1
+    step[flat] = m[flat].astype(np.float16)
+    return out_codes, zero_point, step
+
+
+def _all_q4_1(source: Path, reference: dict[str, np.ndarray]) -> bool:
+    """Every structurally named projection of the model is a Q4_1 tensor in `source`."""
+    header = gguf_file.read_header(source)
+    for name in reference:
+        match = _NAME.fullmatch(name)
+        assert match is not None
+        tensor = f"blk.{match.group(1)}.{_GGUF_ROLE.get(match.group(2), '?')}.weight"
+        info = header.tensors.get(tensor)
+        if info is None or info.type_id != _Q4_1:
+            return False
+    return bool(reference)
+
+
 def _replace(convert: Any, subtract: Any, multiply: Any, packed: np.ndarray,
-             shape: list[int], zero_point: np.ndarray, scale: np.ndarray) -> None:
+             shape: list[int], zero_point: np.ndarray, scale: np.ndarray, name: str,
+             bits: int) -> None:
+    """Put new codes (u4 packed, or u8), zero point and scale into NNCF's decompression
+    subgraph. An integer zero point goes through a Convert (the pattern OpenVINO's
+    dynamic quantization recognizes) and is named like NNCF's own."""
     import openvino as ov
     from openvino import opset13 as ops
 
-    codes = ops.constant(ov.Tensor(packed, shape, ov.Type.u4))
+    codes = ops.constant(ov.Tensor(packed, shape, ov.Type.u8 if bits == 8 else ov.Type.u4))
     convert.input(0).replace_source_output(codes.output(0))
-    subtract.input(1).replace_source_output(ops.constant(zero_point).output(0))
+    if zero_point.dtype == np.uint8:
+        constant = ops.constant(ov.Tensor(zero_point))
+        constant.set_friendly_name(f"{name}/zero_point")
+        point = ops.convert(constant, subtract.get_output_element_type(0)).output(0)
+    else:
+        point = ops.constant(zero_point).output(0)
+    subtract.input(1).replace_source_output(point)
     multiply.input(1).replace_source_output(ops.constant(scale).output(0))
 
 
