@@ -242,7 +242,8 @@ def test_base_and_demo_variant_on_llama(studio_home: Path, tmp_path: Path,
 
 @pytest.mark.slow
 def test_base_and_demo_variant_on_openvino(studio_home: Path, tmp_path: Path,
-                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+                                           tmp_path_factory: pytest.TempPathFactory,
+                                           capsys: pytest.CaptureFixture) -> None:
     from tests.openvino_helpers import register_default
 
     catalog = demo_catalog()
@@ -258,6 +259,13 @@ def test_base_and_demo_variant_on_openvino(studio_home: Path, tmp_path: Path,
     assert results[1]["adapters"][0]["sha256"] == catalog.adapter(ADAPTER)["files"][
         "openvino"]["sha256"]
     assert results[0]["recorded_on"] == results[1]["recorded_on"] == []  # not the set
+    assert results[1]["profile"].startswith("fast (int4 @ ")  # the default profile
+    # Another profile on request, named in the table: the int8 profile answers too.
+    two = subset_file(tmp_path, (1, 2))
+    assert cli.main(["score", VARIANT, "--data", str(two), "--backend", "openvino",
+                     "--profile", "fast-int8"]) == 0
+    row = capsys.readouterr().out.splitlines()[2].split()
+    assert row[:3] == [VARIANT, "openvino/fast-int8", "2"] and row[-2:] == ["100.0%", "(2/2)"]
 
 
 @pytest.mark.slow

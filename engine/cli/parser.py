@@ -142,6 +142,7 @@ def _score_parser(sub: Any) -> None:
     score.add_argument("--backend", choices=BACKENDS,
                        help=f"score on this backend, {BACKEND_HELP} (default: each "
                             "model's own)")
+    score.add_argument("--profile", choices=OPENVINO_PROFILES, help=PROFILE_HELP)
     score.add_argument("--no-exact-match", action="store_false", dest="exact_match",
                        help="skip exact match (the greedy answer of each prompt+completion "
                             "and messages item)")

@@ -41,6 +41,7 @@ def cmd_score(catalog: Catalog, args: argparse.Namespace) -> int:
     data = score_sets.read_set(args.data)
     results = score_sets.score_models(catalog, list(args.names), data, backend=args.backend,
                                       exact_match=args.exact_match, per_token=args.json,
+                                      ov_profile=args.profile,
                                       progress=None if args.json else _progress())
     if args.json:
         emit_json({"data": {"file": Path(data.path).name, "sha256": data.sha256,
@@ -50,9 +51,14 @@ def cmd_score(catalog: Catalog, args: argparse.Namespace) -> int:
     print(f"data: {Path(data.path).name} ({data.rows} items, {data.kind}, sha256 "
           f"{data.sha256[:12]}…)")
     width = max(len("model"), *(len(r["name"]) for r in results))
-    print(f"{'model':<{width}}  backend   items   tokens  mean NLL  perplexity  exact match")
-    for r in results:
-        print(f"{r['name']:<{width}}  {r['backend']:<8} {r['items']:>6} {r['tokens']:>8}  "
+    # An OpenVINO row names its profile: `openvino/fast-int8`.
+    served = [r["backend"] + (f"/{r['profile'].split()[0]}" if r.get("profile") else "")
+              for r in results]
+    column = max(len("backend"), *(len(s) for s in served))
+    print(f"{'model':<{width}}  {'backend':<{column}}  items   tokens  mean NLL  perplexity  "
+          "exact match")
+    for r, backend in zip(results, served, strict=True):
+        print(f"{r['name']:<{width}}  {backend:<{column}} {r['items']:>6} {r['tokens']:>8}  "
               f"{_num(r['mean_nll']):>8}  {_num(r['perplexity']):>10}  {exact_text(r)}")
     kept = sorted({name for r in results for name in r["recorded_on"]})
     if kept:

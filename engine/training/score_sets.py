@@ -159,15 +159,17 @@ def score_models(catalog: Catalog, names: list[str], score_set: ScoreSet,
                  backend: str | None = None, exact_match: bool = True,
                  per_token: bool = False, client: EngineClient | None = None,
                  progress: ProgressCallback | None = None,
-                 record: bool = True) -> list[dict[str, Any]]:
+                 record: bool = True, ov_profile: str | None = None) -> list[dict[str, Any]]:
     """Score each model or variant on `score_set`, in order, in one engine process.
 
     Every name is resolved first, so an unknown one is refused before any work. With
     `record`, each result is kept on the adapters whose evaluation set this is (the
-    names it was kept on are in the result's `recorded_on`)."""
+    names it was kept on are in the result's `recorded_on`). `ov_profile` picks the
+    OpenVINO default's profile (docs/formats.md, "Profiles")."""
     if not names:
         raise UsageError("name at least one model or variant to score")
-    specs = [resolve(catalog, name, backend=backend) for name in names]
+    specs = [resolve(catalog, name, backend=backend, ov_profile=ov_profile)
+             for name in names]
     own = client is None
     engine = client or EngineClient()
 
