@@ -386,9 +386,9 @@ def _q4_1_as_int8(codes: np.ndarray, d: np.ndarray, m: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_1 blocks as u8 codes `16·q + o`, u8 zero points `o + round(-16·m/d)` and f16
     scales `d/16`: `w = d·q + m` but for the zero point's rounding (at most d/32). The
-    offset `o` (0-15) lifts a negative zero point (a block of positive weights) into
-    range; a block whose zero point stays out of range keeps 4 bits' resolution (`k`
-    halved until it fits)."""
+    offset `o` lifts a negative zero point (a block of positive weights) into range; a
+    block whose zero point still does not fit takes the largest of k = 8, 4, 2, 1 that
+    does (a coarser zero point, at most d/2k off; the ≤ 4e-3 check still applies)."""
     flat = d == 0
     safe_d = np.where(flat, 1.0, d)
     out_codes = np.zeros(codes.shape, np.uint8)
