@@ -23,6 +23,7 @@ Usage: VARIANT_STUDIO_THREADS=1 .venv/bin/python -m benchmarks.bench_openvino
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import tempfile
 import time
@@ -129,28 +130,26 @@ def main() -> None:
         key = profile.replace("-", "_")
         runs += [(f"ov_{key}", "openvino", ov, profile),
                  (f"ov_{key}_variant", "openvino", "vb", profile)]
-    sides: dict[str, list[float]] = {label: [] for label, *_ in runs}
-    sides["genai_fast"] = []
     fast_spec = resolve(catalog, ov, ov_profile="fast")
     # GenAI on the fast IR with the precisions and thread count our engine compiled it with.
     genai = _GenaiPipeline(fast_spec.base_path, args.tokens, compiled["fast"])
 
-    def genai_round() -> None:
+    def genai_tps() -> float:
         before = time.process_time()
-        sides["genai_fast"].append(genai.tps(PROMPT))
+        speed = genai.tps(PROMPT)
         cpu_ms.setdefault("genai_fast", []).append(
             (time.process_time() - before) * 1000 / args.tokens)
+        return speed
 
+    measures = [(label, functools.partial(tps, backend, name, profile, label))
+                for label, backend, name, profile in runs]
+    measures.append(("genai_fast", genai_tps))
+    sides: dict[str, list[float]] = {label: [] for label, _ in measures}
     # Odd rounds run the sides in reverse order, so a drift of the machine's speed over a
     # round favours no side.
-    order = [*runs, None]
     for round_ in range(args.rounds):
-        for side in (order if round_ % 2 == 0 else order[::-1]):
-            if side is None:
-                genai_round()
-            else:
-                label, backend, name, profile = side
-                sides[label].append(tps(backend, name, profile, label))
+        for label, measure in (measures if round_ % 2 == 0 else measures[::-1]):
+            sides[label].append(measure())
     genai_props = genai.props
     genai.close()
     for profile in PROFILES:

@@ -52,7 +52,7 @@ def cmd_score(catalog: Catalog, args: argparse.Namespace) -> int:
           f"{data.sha256[:12]}…)")
     width = max(len("model"), *(len(r["name"]) for r in results))
     # An OpenVINO row names its profile: `openvino/fast-int8`.
-    served = [r["backend"] + (f"/{r['profile'].split()[0]}" if r.get("profile") else "")
+    served = [r["backend"] + (f"/{r['openvino_profile']}" if r["openvino_profile"] else "")
               for r in results]
     column = max(len("backend"), *(len(s) for s in served))
     print(f"{'model':<{width}}  {'backend':<{column}}  items   tokens  mean NLL  perplexity  "

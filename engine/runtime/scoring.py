@@ -256,7 +256,8 @@ class ScoreTask:
         return {
             "name": spec.name, "kind": spec.kind, "backend": spec.backend,
             "identity": spec.identity.key, "identity_short": spec.identity.short,
-            "profile": spec.identity.compute.label() if spec.identity.compute else None,
+            "openvino_profile": (spec.identity.compute.name if spec.identity.compute
+                                 else None),
             "adapters": [{"name": a.name, "sha256": a.sha256, "scale": a.scale}
                          for a in spec.adapters],
             "items": len(self.rows), "tokens": tokens, "nll": nll, "mean_nll": mean,

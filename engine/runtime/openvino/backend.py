@@ -241,20 +241,22 @@ class OvModel:
                 raise EngineError(f"layer {node_name} is not a MatMul of this model")
         params: list[Any] = []
 
-        def branch(name: str, a_shape: list[int], b_shape: list[int], ops_: list[Any]) -> None:
-            a = ops.parameter(a_shape, self.lora_type, name=f"{name[0]}.{name[1]}")
-            b = ops.parameter(b_shape, self.lora_type, name=f"{name[2]}.{name[1]}")
-            a.output(0).get_tensor().set_names({f"{name[0]}.{name[1]}"})
-            b.output(0).get_tensor().set_names({f"{name[2]}.{name[1]}"})
+        def branch(names: tuple[str, str], shapes: tuple[list[int], list[int]],
+                   on: list[Any]) -> None:
+            a, b = (ops.parameter(shape, self.lora_type, name=name)
+                    for name, shape in zip(names, shapes, strict=True))
+            for param, name in ((a, names[0]), (b, names[1])):
+                param.output(0).get_tensor().set_names({name})
             params.extend((a, b))
-            _add_branch(ops_, a, b, self.lora_type)
+            _add_branch(on, a, b, self.lora_type)
 
         groups: list[list[str]] = []
         if layout is None:
             for node_name in layers:
                 out_f, in_f = self.registered[node_name]
-                branch(("lora_a", self.node_index[node_name], "lora_b"), [-1, in_f],
-                       [out_f, -1], [by_name[node_name]])
+                index = self.node_index[node_name]
+                branch((f"lora_a.{index}", f"lora_b.{index}"), ([-1, in_f], [out_f, -1]),
+                       [by_name[node_name]])
         else:
             ranks = dict(layout)
             by_source: dict[tuple[str, int], list[str]] = {}
@@ -266,8 +268,9 @@ class OvModel:
             for index, names in enumerate(groups):
                 rank = sum(ranks[n] for n in names)
                 out_f = sum(self.registered[n][0] for n in names)
-                branch(("step_a", index, "step_b"), [rank, self.registered[names[0]][1]],
-                       [out_f, rank], [by_name[n] for n in names])
+                branch((f"step_a.{index}", f"step_b.{index}"),
+                       ([rank, self.registered[names[0]][1]], [out_f, rank]),
+                       [by_name[n] for n in names])
         self._sliced = _slice_logits(model)
         if params:
             model.add_parameters(params)
@@ -365,13 +368,14 @@ class OvModel:
                     n_batch: int) -> OvContext:
         loaded = self._loaded(adapters)
         scaled = tuple(zip(loaded, (a.scale for a, _ in adapters), strict=True))
-        # Adapters at scale 0 add exactly nothing: the token loop leaves them out (a
-        # session of only such adapters steps on the base's graph, which has no branch).
-        active = _branches(tuple((a, scale) for a, scale in scaled if scale))
-        layout = tuple(sorted((node, a.shape[0]) for node, (a, _) in active.items()))
+        # Adapters at scale 0 add exactly nothing, so no graph gets their branches (a
+        # session of only such adapters runs exactly as the base: rank 0 in the prompt
+        # graph, the base's one-token graph). They are registered all the same, so
+        # changing a scale does not rebuild the prompt graph.
+        branches = _branches(tuple((a, scale) for a, scale in scaled if scale))
+        layout = tuple(sorted((node, a.shape[0]) for node, (a, _) in branches.items()))
         self.prepare(loaded, layout)
-        return OvContext(self, loaded, _branches(scaled), active, self.stepper(layout),
-                         n_ctx)
+        return OvContext(self, branches, self.stepper(layout), n_ctx)
 
     @property
     def profile_name(self) -> str:
@@ -406,14 +410,11 @@ class OvContext:
     this session's adapter tensors bound first; a prompt's KV state is then moved into
     this session's request, which decodes the answer token by token."""
 
-    def __init__(self, model: OvModel, adapters: tuple[LoadedAdapter, ...],
-                 branches: Branches, active: Branches,
+    def __init__(self, model: OvModel, branches: Branches,
                  stepper: tuple[Any, list[list[str]] | None], n_ctx: int) -> None:
         self.model = model
         self.n_ctx = n_ctx
         self.cancelled: Callable[[], bool] = lambda: False
-        self.adapter_shas = [a.sha256 for a in adapters]
-        self.attached = len(branches)
         # The prompt graph's adapter inputs: this session's branches, rank 0 elsewhere.
         self.lora: dict[str, ov.Tensor] = {}
         for node, index in model.node_index.items():
@@ -425,16 +426,16 @@ class OvContext:
         compiled, groups = stepper
         self.stepper = compiled  # held here, so it outlives its eviction from the model
         self.request = compiled.create_infer_request()
-        # The one-token graph's adapter inputs: per group, the active adapters' A of its
-        # layers stacked, and their B block-diagonal.
+        # The one-token graph's adapter inputs: per group, the A of its layers stacked,
+        # and their B block-diagonal.
         step_inputs = dict(self.lora) if groups is None else {}
         for index, names in enumerate(groups or ()):
-            a_cat = np.concatenate([active[n][0] for n in names], 0)
-            b_block = np.zeros((sum(active[n][1].shape[0] for n in names), a_cat.shape[0]),
-                               np.float32)
+            a_cat = np.concatenate([branches[n][0] for n in names], 0)
+            b_block = np.zeros((sum(branches[n][1].shape[0] for n in names),
+                                a_cat.shape[0]), np.float32)
             row = col = 0
             for n in names:
-                b = active[n][1]
+                b = branches[n][1]
                 b_block[row:row + b.shape[0], col:col + b.shape[1]] = b
                 row, col = row + b.shape[0], col + b.shape[1]
             step_inputs[f"step_a.{index}"] = _tensor(a_cat, model.lora_type)

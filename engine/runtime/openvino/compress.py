@@ -197,9 +197,10 @@ def compress_ir(exact_ir: Path, target: Path, weights: str, source: Path,
         raise EngineError(f"unknown weight format {weights!r}")
     # The F16 weights each replaced layer is checked against (NNCF edits `model`).
     reference = _f16_weights(model)
+    header = gguf_file.read_header(source)
     # int8 from a source whose projections are all Q4_1: NNCF's int4 layout (groups of
     # 32 along the input), its codes then replaced by the source's as 8-bit codes.
-    grouped = weights == "int4" or _all_q4_1(source, reference)
+    grouped = weights == "int4" or _all_q4_1(header, reference)
     _check(stop)
     if grouped:
         compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_ASYM,
@@ -211,7 +212,7 @@ def compress_ir(exact_ir: Path, target: Path, weights: str, source: Path,
     keep: list[np.ndarray] = []  # the new constants' memory, alive until saved
     snapped = 0
     if grouped:
-        snapped = snap_to_source(compressed, source, reference, keep,
+        snapped = snap_to_source(compressed, header, reference, keep,
                                  lambda f: progress(0.5 + 0.4 * f), stop,
                                  bits=4 if weights == "int4" else 8)
     layers = _count_formats(compressed)
@@ -253,10 +254,11 @@ def _f16_weights(model: Any) -> dict[str, np.ndarray]:
     return out
 
 
-def snap_to_source(model: Any, source: Path, reference: dict[str, np.ndarray],
+def snap_to_source(model: Any, header: Any, reference: dict[str, np.ndarray],
                    keep: list[np.ndarray], progress: Callable[[float], None],
                    stop: CancelCheck, bits: int = 4) -> int:
-    """Replace each int4 projection's codes by the source GGUF's own Q4_1 blocks.
+    """Replace each int4 projection's codes by the source GGUF's own Q4_1 blocks
+    (`header`: the source's, `gguf_file.read_header`).
 
     `bits` 4: the Q4_1 codes, scale `d` and a f16 zero point `-m/d` (exact). `bits` 8:
     8-bit codes `16·q + o` with scale `d/16` and an integer (u8) zero point, which
@@ -269,7 +271,6 @@ def snap_to_source(model: Any, source: Path, reference: dict[str, np.ndarray],
     """
     from engine.formats.lora_io import unpermute_rows
 
-    header = gguf_file.read_header(source)
     heads = int(header.get("llama.attention.head_count", 0) or 0)
     heads_kv = int(header.get("llama.attention.head_count_kv", heads) or heads)
     projections = [op for op in model.get_ordered_ops()
@@ -279,8 +280,8 @@ def snap_to_source(model: Any, source: Path, reference: dict[str, np.ndarray],
         _check(stop)
         match = _NAME.fullmatch(op.get_friendly_name())
         assert match is not None
-        layer, module = int(match.group(1)), match.group(2)
-        tensor = f"blk.{layer}.{_GGUF_ROLE.get(module, '?')}.weight"
+        module = match.group(2)
+        tensor = _gguf_tensor(match)
         info = header.tensors.get(tensor)
         if info is None or info.type_id != _Q4_1:
             continue
@@ -411,31 +412,29 @@ def _q4_1_as_int8(codes: np.ndarray, d: np.ndarray, m: np.ndarray
     return out_codes, zero_point, step
 
 
-def _all_q4_1(source: Path, reference: dict[str, np.ndarray]) -> bool:
-    """Every structurally named projection of the model is a Q4_1 tensor in `source`."""
-    header = gguf_file.read_header(source)
-    for name in reference:
-        match = _NAME.fullmatch(name)
-        assert match is not None
-        tensor = f"blk.{match.group(1)}.{_GGUF_ROLE.get(match.group(2), '?')}.weight"
-        info = header.tensors.get(tensor)
-        if info is None or info.type_id != _Q4_1:
-            return False
-    return bool(reference)
+def _gguf_tensor(match: re.Match[str]) -> str:
+    """The GGUF tensor of a projection whose MatMul name `_NAME` matched."""
+    return f"blk.{match.group(1)}.{_GGUF_ROLE.get(match.group(2), '?')}.weight"
+
+
+def _all_q4_1(header: Any, reference: dict[str, np.ndarray]) -> bool:
+    """Every structurally named projection of the model is a Q4_1 tensor in the source."""
+    infos = [header.tensors.get(_gguf_tensor(_NAME.fullmatch(name))) for name in reference]
+    return bool(infos) and all(i is not None and i.type_id == _Q4_1 for i in infos)
 
 
 def _replace(convert: Any, subtract: Any, multiply: Any, packed: np.ndarray,
              shape: list[int], zero_point: np.ndarray, scale: np.ndarray, name: str,
              bits: int) -> None:
     """Put new codes (u4 packed, or u8), zero point and scale into NNCF's decompression
-    subgraph. An integer zero point goes through a Convert (the pattern OpenVINO's
+    subgraph. The int8 profile's integer zero point goes through a Convert (the pattern OpenVINO's
     dynamic quantization recognizes) and is named like NNCF's own."""
     import openvino as ov
     from openvino import opset13 as ops
 
     codes = ops.constant(ov.Tensor(packed, shape, ov.Type.u8 if bits == 8 else ov.Type.u4))
     convert.input(0).replace_source_output(codes.output(0))
-    if zero_point.dtype == np.uint8:
+    if bits == 8:
         constant = ops.constant(ov.Tensor(zero_point))
         constant.set_friendly_name(f"{name}/zero_point")
         point = ops.convert(constant, subtract.get_output_element_type(0)).output(0)
