@@ -221,6 +221,11 @@ def render_html(entry: dict[str, Any]) -> str:
                          if k != "key"]
         parts.append("<h3>Identity (what makes this model this model)</h3>"
                      "<table class='props'>" + "".join(identity_rows) + "</table>")
+    capabilities = entry.get("capabilities")
+    if capabilities:  # what this base can be used for, or exactly why not
+        body = "".join(_plain_row(("✓ " if c["ok"] else "✗ ") + c["name"], c["reason"])
+                       for c in capabilities)
+        parts.append(f"<h3>What it can do</h3><table class='props'>{body}</table>")
     for section, title in (("profile", "Profile"), ("metadata", "Format metadata")):
         value = entry.get(section)
         if isinstance(value, dict) and value:

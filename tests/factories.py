@@ -13,6 +13,9 @@ import numpy as np
 from engine.formats import lora_io, naming
 from engine.formats.artifacts import BaseModelInfo
 
+# The seven projections of a llama layer.
+LLAMA_ROLES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
 
 def lora_weights(
     base: BaseModelInfo,
@@ -29,7 +32,7 @@ def lora_weights(
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for layer in layers if layers is not None else range(base.block_count):
         for role in roles:
-            module = f"model.layers.{layer}.{naming.ROLES[role]}"
+            module = naming.gguf_to_module(f"blk.{layer}.{role}.weight", base.architecture)
             out_f, in_f = modules[module]
             a = rng.normal(0, 1 / np.sqrt(in_f), (rank, in_f)).astype(np.float32)
             b = rng.normal(0, strength, (out_f, rank)).astype(np.float32)

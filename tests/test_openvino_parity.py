@@ -38,7 +38,7 @@ PROMPTS = tuple(messages.Prompt(text, chat=True) for text in run_cmds.PARITY_PRO
 def test_gguf_to_peft_and_back_keeps_every_value(tmp_path: Path, base_info,
                                                  capsys: pytest.CaptureFixture,
                                                  studio_home: Path) -> None:
-    source = f.write_gguf_lora(tmp_path / "all.gguf", base_info, roles=tuple(f.naming.ROLES),
+    source = f.write_gguf_lora(tmp_path / "all.gguf", base_info, roles=f.LLAMA_ROLES,
                                seed=4, layers=range(3))
     assert cli.main(["adapter", "convert-file", str(source), str(tmp_path / "peft")]) == 0
     assert cli.main(["adapter", "convert-file", str(tmp_path / "peft"),

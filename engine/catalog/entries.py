@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.catalog import evaluation, health, merged, resolve, validation
@@ -18,6 +19,7 @@ from engine.catalog.signatures import Verdict, check_row
 from engine.catalog.signatures import entry as signature_entry
 from engine.catalog.store import BACKENDS, Catalog, now_iso
 from engine.errors import StudioError, UnknownNameError
+from engine.formats import capabilities, gguf_file
 
 Pending = Sequence[dict[str, Any]]
 
@@ -112,6 +114,8 @@ def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, 
         for key in ("built_from", "counterparts"):
             if key in record:
                 out[key] = record[key]
+        if record.get("format") == "gguf" and status.ok:
+            out["capabilities"] = base_capabilities(record["path"])
         out.update(_compute(catalog, name))
         if record.get("profiles"):
             out["profiles"] = profile_rows(record)
@@ -170,6 +174,15 @@ def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, 
                              if (found := evaluation.report(catalog, a["name"], models))]
     out["kind"] = kind
     return out
+
+
+def base_capabilities(path: str) -> list[dict[str, Any]]:
+    """What a GGUF base can be used for, feature by feature (formats.capabilities)."""
+    try:
+        header = gguf_file.read_header(Path(path))
+    except StudioError as exc:
+        return [{"name": "read", "ok": False, "reason": exc.message}]
+    return [c.to_dict() for c in capabilities.for_header(header)]
 
 
 def adapter_files(catalog: Catalog, name: str) -> dict[str, dict[str, Any]]:

@@ -111,9 +111,11 @@ def cmd_adapter(catalog: Catalog, args: argparse.Namespace) -> int:
         meta = catalog.model(args.base or embedded.DEFAULT_MODEL_NAME)["metadata"]
         if args.target.exists():
             raise UsageError(f"{args.target} already exists")
-        out = lora_io.convert_file(args.source, args.target, int(meta["head_count"]),
-                                   int(meta["head_count_kv"]),
-                                   str(meta.get("architecture") or "llama"))
+        # The base's family decides the names and whether q/k rows move; an adapter
+        # for another family is refused (pass --base for it).
+        base = lora_io.Layout.of(meta.get("architecture"), int(meta["head_count"]),
+                                 int(meta.get("head_count_kv") or meta["head_count"]))
+        out = lora_io.convert_file(args.source, args.target, base)
         print(f"wrote {out}")
         return 0
     source = download_source(args, "adapter")
@@ -183,7 +185,7 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
         return 0
     print(f"{entry['kind']} {entry['name']}")
     skip = {"name", "kind", "checks", "metadata", "identity_detail", "provenance", "profile",
-            "files", "backends", "evaluation", "profiles"}
+            "files", "backends", "evaluation", "profiles", "capabilities"}
     skip.add("signature")  # one line, below
     skip.add("merged_from")  # `merge` says it in a line; the figures are in --json
     skip.add("download")  # one line, below
@@ -239,6 +241,11 @@ def cmd_show(catalog: Catalog, args: argparse.Namespace) -> int:
                      [f"{key}: {value}" for key, value in entry[section].items()])
             for line in lines:
                 print(f"    {line}")
+    if entry.get("capabilities"):
+        print("  capabilities:")
+        for item in entry["capabilities"]:
+            print(f"    {ICONS['pass' if item['ok'] else 'fail']} {item['name']}: "
+                  f"{item['reason']}")
     if entry.get("checks"):
         print("  checks:")
         for check in entry["checks"]:

@@ -122,7 +122,7 @@ class AdapterInfo:
     @property
     def roles(self) -> tuple[str, ...]:
         found = {naming.role_of(p.target) for p in self.pairs}
-        return tuple(r for r in naming.ROLES if r in found)
+        return tuple(r for r in naming.PROJECTION_ROLES if r in found)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -226,7 +226,7 @@ def _gguf_base(header: gguf_file.GgufHeader) -> BaseModelInfo:
     types = Counter(t.type_name for t in header.tensors.values())
     modules = []
     for tensor in header.tensors.values():
-        module = naming.gguf_to_module(tensor.name)
+        module = naming.gguf_to_module(tensor.name, arch)
         if module and len(tensor.shape) == 2:
             modules.append((module, (tensor.shape[1], tensor.shape[0])))
     file_type = _int(header, "general.file_type")

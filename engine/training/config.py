@@ -66,7 +66,7 @@ class TrainConfig:
         check(isinstance(self.targets, tuple) and len(self.targets) > 0,
               "targets: give at least one (q, k, v, o, gate, up, down)")
         for target in self.targets:
-            check(target in naming.ROLES, f"unknown target {target!r}")
+            check(target in naming.PROJECTION_ROLES, f"unknown target {target!r}")
         check(len(set(self.targets)) == len(self.targets), "targets are listed twice")
         _int(self.rank, "rank", 1, 256)
         _num(self.alpha, "alpha", 1e-6, 1e6)
