@@ -18,6 +18,7 @@ os.environ.setdefault("VARIANT_STUDIO_THREADS", "1")
 from engine.curated import embedded as defaults  # noqa: E402
 from engine.formats import artifacts  # noqa: E402
 from engine.formats.artifacts import BaseModelInfo  # noqa: E402
+from tests import families  # noqa: E402
 
 # The longest file (the demo retrain, 15+ minutes) starts first: with `--dist loadfile`
 # files are handed out in collection order, and a long file handed out last is a tail
@@ -70,3 +71,11 @@ def window(studio_home: Path, qtbot):  # -> gui.main_window.MainWindow
     win.show()
     yield win
     win.close()
+
+
+@pytest.fixture(scope="session")
+def family_files() -> dict[str, families.FamilyFiles]:
+    """Small random-weight GGUF bases of every model family (every type) with their LoRA
+    as GGUF and PEFT (tests/families.py): built once per source version into
+    .tmp/families/ under a file lock, so every xdist worker shares one build."""
+    return families.family_files()
