@@ -95,6 +95,10 @@ class Family:
     # Gemma: q is scaled by 1/sqrt(head_dim), except at the 27B shapes (this many layers),
     # where it is 1/sqrt(n_embd / n_head) (llama.cpp copies gemma_pytorch's rule).
     attention_scale_width_layers: int = 0
+    # Gemma 2/3 and Phi-3 multiply q by the attention scale before q·k (ggml_scale on
+    # Qcur, kq_scale 1); the others scale q·k inside the softmax (soft_max_ext's
+    # scale). The same number, rounded at another place (q is rounded to fp16 after).
+    scale_q_first: bool = False
     # The output matrix is always token_embd (Gemma 2 ignores an output.weight).
     always_tied: bool = False
     # OpenVINO GenAI's own GGUF reader knows this family (its layers are then named by
@@ -172,6 +176,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         default_targets=(ATTN_Q, ATTN_V), norm_shift=1.0, embed_scale=True,
         activation=GELU_TANH, attn_softcap=True, final_softcap_default=30.0,
         swa_pattern=2, swa_window_default=4096, attention_scale_width_layers=46,
+        scale_q_first=True,
         always_tied=True, openvino_refusal=_NO_OPENVINO_READER.format(name="gemma2"),
         hf_config_keys=_GEMMA_HF_KEYS),
     Family(
@@ -181,6 +186,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
         default_targets=(ATTN_Q, ATTN_V), norm_shift=1.0, embed_scale=True,
         activation=GELU_TANH, swa_pattern=6, swa_rope_base_default=10000.0,
         attention_scale_width_layers=62,
+        scale_q_first=True,
         openvino_refusal=_NO_OPENVINO_READER.format(name="gemma3"),
         hf_config_keys=_GEMMA_HF_KEYS + ("rope_local_base_freq",)),
     Family(
@@ -189,6 +195,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                      (FFN_UP, "mlp.gate_up_proj"), (FFN_DOWN, "mlp.down_proj")),
         norms=_LLAMA_NORMS, hf_class="Phi3ForCausalLM", hf_model_type="phi3",
         default_targets=(ATTN_QKV,), fused_gate_up=True,
+        scale_q_first=True,
         openvino_refusal=_NO_OPENVINO_READER.format(name="phi3"),
         hf_config_keys=("sliding_window",), hf_rope_types=("default",)),
 )}
