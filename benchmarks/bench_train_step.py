@@ -37,7 +37,7 @@ def main() -> None:
     from engine.curated.embedded import DEFAULT_MODEL_NAME
     from engine.training import data as data_mod
     from engine.training import trainer as trainer_mod
-    from engine.training.model import LlamaTorch
+    from engine.training.model import DecoderTorch
     from engine.training.tokenizer import Tokenizer
 
     catalog = Catalog()
@@ -59,7 +59,7 @@ def main() -> None:
     }
     trainers = {}
     for mode, (extra, text) in modes.items():
-        model = LlamaTorch(path, numerics=args.numerics)
+        model = DecoderTorch(path, numerics=args.numerics)
         trainers[mode] = trainer_mod.Trainer(model, TrainConfig.from_dict(
             {**settings, **extra}), data, base["sha256"], kl_text=text)
     seconds: dict[str, list[float]] = {mode: [] for mode in modes}

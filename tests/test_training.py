@@ -250,14 +250,14 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one(
     from engine.training import data as data_mod
     from engine.training import trainer as trainer_mod
     from engine.training.config import TrainConfig
-    from engine.training.model import LlamaTorch
+    from engine.training.model import DecoderTorch
     from engine.training.tokenizer import Tokenizer
 
     config = TrainConfig.from_dict({**SMALL, "steps": 3})
     with Tokenizer(embedded_path, base_info) as tok:
         data = data_mod.load(sft_data(tmp_path / "d.jsonl"), tok, config.seq_len,
                              config.train_eot, False, config.steps, config.batch)
-    model = LlamaTorch(embedded_path)
+    model = DecoderTorch(embedded_path)
     trainer = trainer_mod.Trainer(model, config, data, "base-sha")
     trainer.train_step()
     path = tmp_path / "run" / "checkpoint.safetensors"
@@ -364,7 +364,7 @@ def test_the_kl_penalty_starts_at_zero_and_keeps_the_prompts_text_near_the_base(
     from engine.training import data as data_mod
     from engine.training import trainer as trainer_mod
     from engine.training.config import TrainConfig
-    from engine.training.model import LlamaTorch
+    from engine.training.model import DecoderTorch
     from engine.training.tokenizer import Tokenizer
 
     # lr 1e-2: at 3e-2 the penalised run diverged on an AVX-512 machine (loss 68 at step
@@ -375,7 +375,7 @@ def test_the_kl_penalty_starts_at_zero_and_keeps_the_prompts_text_near_the_base(
         data = data_mod.load(sft_data(tmp_path / "d.jsonl"), tok, SMALL["seq_len"], True,
                              False, 4, SMALL["batch"])
     sequences = [e.sequences[0] for e in data.examples]
-    model = LlamaTorch(embedded_path)
+    model = DecoderTorch(embedded_path)
 
     def prompt_kl(trainer: trainer_mod.Trainer) -> float:
         with trainer.scoring():
@@ -408,7 +408,7 @@ def test_a_kl_text_moves_the_penalty_onto_its_passages(
     from engine.training import data as data_mod
     from engine.training import trainer as trainer_mod
     from engine.training.config import TrainConfig
-    from engine.training.model import LlamaTorch
+    from engine.training.model import DecoderTorch
     from engine.training.tokenizer import Tokenizer
 
     settings = {**SMALL, "steps": 4, "lr": 3e-2}
@@ -421,7 +421,7 @@ def test_a_kl_text_moves_the_penalty_onto_its_passages(
                              False, 4, SMALL["batch"])
         kl_text = data_mod.load_kl_text(text, tok, SMALL["seq_len"])
     assert len(kl_text.passages) == 3 and kl_text.truncated == 0
-    model = LlamaTorch(embedded_path)
+    model = DecoderTorch(embedded_path)
 
     def text_kl(trainer: trainer_mod.Trainer) -> float:
         passages = list(kl_text.passages)

@@ -98,9 +98,9 @@ def test_served_numerics_refuse_a_weight_type_they_do_not_simulate() -> None:
 
 @pytest.fixture(scope="module")
 def model(embedded_path: Path):
-    from engine.training.model import LlamaTorch
+    from engine.training.model import DecoderTorch
 
-    return LlamaTorch(embedded_path)
+    return DecoderTorch(embedded_path)
 
 
 def check(report) -> None:

@@ -102,6 +102,9 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
         raise UsageError(f"data file {printable(str(data_path))} does not exist")
     init = None
     settings = dict(request.settings)
+    targets = settings.get("targets")
+    if targets is not None and not (targets.strip() if isinstance(targets, str) else targets):
+        del settings["targets"]  # an empty targets field: the base family's default
     if request.init_adapter:
         init = catalog.adapter(request.init_adapter)
         if init["format"] != "gguf":
@@ -124,6 +127,17 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
                                  f"adapter's {value}; leave it out to continue the adapter")
             settings[key] = value
     config = TrainConfig.from_dict(settings)
+    model_path = Path(base["path"])
+    if model_path.is_file():  # a missing file is the worker's verification to report
+        # Refused up front, before any process starts, with the reason: a family, RoPE
+        # or weight type the trainer cannot compute as llama.cpp does; a target the
+        # family's layers do not have. Targets the user left out are the family's.
+        from engine.training import support
+
+        described = support.describe_path(model_path, config.numerics)
+        if "targets" not in settings:
+            config = replace(config, targets=support.default_targets(described))
+        support.check_targets(described, config.targets)
     kl_text = None
     if request.kl_text:
         kl_path = Path(request.kl_text).expanduser()
@@ -213,7 +227,7 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
     if not torch_available():
         raise RefusedError(ENABLE_HINT)
     from engine.training import trainer as trainer_mod
-    from engine.training.model import LlamaTorch
+    from engine.training.model import DecoderTorch
 
     trainer_mod.set_determinism(config.threads)
     emit("stage", stage="loading the base weights")
@@ -227,7 +241,7 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
         if cancelled():
             raise Cancelled("training cancelled while loading the base weights")
 
-    model = LlamaTorch(model_path, loading, numerics=config.numerics)
+    model = DecoderTorch(model_path, loading, numerics=config.numerics)
     trainer = trainer_mod.Trainer(model, config, data, base["sha256"], init_weights, init_sha,
                                   kl_text)
     run_dir = prepared.run_dir
@@ -318,11 +332,20 @@ def import_run(catalog: Catalog, name: str, base: str, run_dir: Path, record: di
                system_prompt: str | None = None) -> dict[str, Any]:
     """Import a run's adapter (strictly, with its record), its OpenVINO file when the
     base has a counterpart, and optionally a variant; the result's catalog part. The
-    SFT/DPO run and the reinforcement loop (engine.training.rl) both end here."""
+    SFT/DPO run and the reinforcement loop (engine.training.rl) both end here.
+
+    The adapter record carries the run's served-check verdict (`served_check`: passed,
+    and the reason when not): an adapter whose check failed, or could not be measured,
+    is imported marked, never as a silent success.
+    """
+    from engine.training import served_check
+
     adapter = imports.add_adapter(catalog, name, base, run_dir / ADAPTER_FILE,
                                   source=f"trained by variant-studio (run {run_dir.name})",
-                                  strict=True, provenance=record)
-    out: dict[str, Any] = {"adapter": adapter["name"],
+                                  strict=True, provenance=record,
+                                  extra={"served_check": served_check.verdict(
+                                      record.get("served_checks"))})
+    out: dict[str, Any] = {"adapter": adapter["name"], "served_check": adapter["served_check"],
                            "openvino": attach_openvino(catalog, name, base, files)}
     if variant:
         profile = {"system_prompt": system_prompt} if system_prompt else None

@@ -4,9 +4,10 @@ Torch-only (and it loads llama.cpp): run by tests and benchmarks, not by the app
 
 On a fixed set of sequences, both score every next token of the same token ids from
 the same GGUF file (optionally with the same LoRA adapter): llama.cpp in one batch
-through the engine's own context wrapper, the trainer through `LlamaTorch`. We
-report top-1 agreement, the largest and mean absolute difference of the next-token
-log-probabilities, and the KL divergence of the next-token distributions.
+through the engine's own context wrapper, the trainer through `DecoderTorch` (any
+family the architecture description knows). We report top-1 agreement, the largest
+and mean absolute difference of the next-token log-probabilities, and the KL
+divergence of the next-token distributions.
 llama.cpp multiplies quantized weights with quantized activations, so the two are
 close, not equal; docs/training.md gives the measured figures and explains them.
 """
@@ -21,7 +22,7 @@ import torch
 
 from engine.formats import artifacts, lora_io
 from engine.formats.artifacts import BaseModelInfo
-from engine.training.model import LlamaTorch
+from engine.training.model import DecoderTorch
 
 # Plain prose, chat-formatted text, code and a JSON tool call: the kinds of text
 # the trainer is used on. Fixed, so the figures are comparable run to run.
@@ -84,7 +85,7 @@ def llama_logprobs(path: Path, sequences: list[list[int]], adapter: Path | None,
     return out
 
 
-def trainer_logprobs(model: LlamaTorch, sequences: list[list[int]]) -> list[np.ndarray]:
+def trainer_logprobs(model: DecoderTorch, sequences: list[list[int]]) -> list[np.ndarray]:
     out = []
     with torch.no_grad():
         for ids in sequences:
@@ -99,7 +100,7 @@ def _log_softmax(rows: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def load_adapter(model: LlamaTorch, adapter: Path) -> None:
+def load_adapter(model: DecoderTorch, adapter: Path) -> None:
     """Put a GGUF LoRA into the trainer's model, scaled as llama.cpp scales it."""
     weights = lora_io.read_gguf(adapter)
     model.clear_loras()
@@ -115,7 +116,7 @@ def tokenize_texts(path: Path, info: BaseModelInfo, texts: tuple[str, ...]) -> l
         return [tokenizer.prompt_tokens(text) for text in texts]
 
 
-def measure(path: Path, adapter: Path | None = None, model: LlamaTorch | None = None,
+def measure(path: Path, adapter: Path | None = None, model: DecoderTorch | None = None,
             texts: tuple[str, ...] = PARITY_TEXTS, threads: int = 2) -> ParityReport:
     """Compare the trainer and llama.cpp on `texts` (with `adapter` on both, if given)."""
     info = artifacts.inspect_path(path)
@@ -123,7 +124,7 @@ def measure(path: Path, adapter: Path | None = None, model: LlamaTorch | None = 
     sequences = tokenize_texts(path, info, texts)
     reference = llama_logprobs(path, sequences, adapter, threads)
     torch.set_num_threads(threads)
-    model = model or LlamaTorch(path)
+    model = model or DecoderTorch(path)
     if adapter is not None:
         load_adapter(model, adapter)
     else:

@@ -564,7 +564,7 @@ class _Loop:
 
     def _load_trainer(self, data: DataSet) -> None:
         from engine.training import trainer as trainer_mod
-        from engine.training.model import LlamaTorch
+        from engine.training.model import DecoderTorch
 
         trainer_mod.set_determinism(self.config.threads)
         self.emit("stage", stage="loading the base weights")
@@ -573,7 +573,7 @@ class _Loop:
             if self.cancelled():
                 raise Cancelled("training cancelled while loading the base weights")
 
-        model = LlamaTorch(self.model_path, loading, numerics=self.config.numerics)
+        model = DecoderTorch(self.model_path, loading, numerics=self.config.numerics)
         init = self.prepared.train.init_record
         self.trainer = trainer_mod.Trainer(
             model, self.config, data, self.prepared.train.base_record["sha256"],

@@ -99,6 +99,28 @@ def measure(model_path: Path, adapter_path: Path, model: Any, threads: int) -> d
     return out
 
 
+def verdict(checks: dict[str, Any] | None) -> dict[str, Any]:
+    """Whether a run's served check passed, as the catalog records it on the adapter
+    (`served_check`): {"passed": bool, "reason": str}. It passes only when both parts
+    were measured and are within the limits; otherwise `reason` says, part by part, what
+    fell short or why it was not measured (a failed or missing check is never a silent
+    success)."""
+    reasons = []
+    parity = (checks or {}).get("parity")
+    if not parity or "error" in parity:
+        reasons.append("parity with llama.cpp was not measured" + _why(parity))
+    elif parity["top1_agreement"] < TOP1_LIMIT:
+        reasons.append(f"the trainer and llama.cpp agree on the next token "
+                       f"{parity['top1_agreement']:.1%} of the time, under {TOP1_LIMIT:.0%}")
+    drift_ = (checks or {}).get("drift")
+    if not drift_ or "error" in drift_:
+        reasons.append("drift on unrelated text was not measured" + _why(drift_))
+    elif drift_["delta"] > DRIFT_LIMIT:
+        reasons.append(f"drift on unrelated text is {drift_['delta']:+.3f} nats/token, over "
+                       f"+{DRIFT_LIMIT}")
+    return {"passed": not reasons, "reason": "; ".join(reasons)}
+
+
 def summary_lines(checks: dict[str, Any]) -> list[str]:
     """The checks in words, one line each, with a warning mark past the limits."""
     lines = []

@@ -32,10 +32,11 @@ import numpy as np
 import torch
 
 from engine.errors import Cancelled, RefusedError
-from engine.formats import lora_io, naming
+from engine.formats import lora_io
+from engine.training import support
 from engine.training.config import TrainConfig, record_settings
 from engine.training.data import DataSet, KlText, Sequence
-from engine.training.model import LlamaTorch
+from engine.training.model import DecoderTorch
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
@@ -68,7 +69,7 @@ def shared_prefix(sequences: list[Sequence]) -> int:
 class Trainer:
     """Owns the LoRA parameters, the optimiser state and the step counter."""
 
-    def __init__(self, model: LlamaTorch, config: TrainConfig, data: DataSet,
+    def __init__(self, model: DecoderTorch, config: TrainConfig, data: DataSet,
                  base_sha256: str, init: lora_io.LoraWeights | None = None,
                  init_sha256: str | None = None, kl_text: KlText | None = None) -> None:
         self.model = model
@@ -81,9 +82,10 @@ class Trainer:
         self.losses: list[float] = []
         self._perms: dict[tuple[int, int], np.ndarray] = {}
         self._reference: dict[int, tuple[float, float]] = {}
-        hyper = model.hyper
-        self.modules = [f"model.layers.{i}.{naming.ROLES[role]}"
-                        for i in range(hyper.n_layer) for role in config.targets]
+        # Layer by layer, each in the config's target order: the order A is drawn in.
+        support.check_targets(model.arch, config.targets)
+        self.modules = [model.module(i, role)
+                        for i in range(model.arch.n_layer) for role in config.targets]
         generator = torch.Generator().manual_seed(config.seed)
         for module in self.modules:
             out_f, in_f = model.shape_of(module)
@@ -355,7 +357,7 @@ class Trainer:
             lora = self.model.loras[self.model.key(module)]
             layers[module] = (lora.a.detach().numpy().copy(), lora.b.detach().numpy().copy())
         return lora_io.LoraWeights(float(self.config.alpha), self.config.rank, layers,
-                                   "llama", base_name, self.base_sha256)
+                                   self.model.arch.name, base_name, self.base_sha256)
 
     # ------------------------------------------------------------------ checkpoints
 
