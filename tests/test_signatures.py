@@ -278,8 +278,10 @@ def test_a_converted_file_is_covered_by_re_deriving_it(
     source = signatures.verify_adapter(catalog, "a")
     derivation = signatures.Derivation(record["path"], record["sha256"], base_info.head_count,
                                        base_info.head_count_kv, "llama", ("x" * 64, "y" * 64))
-    served = lora_io.convert_file(Path(record["path"]), tmp_path / "peft", base_info.head_count,
-                                  base_info.head_count_kv, "llama", rebase=derivation.rebase)
+    served = lora_io.convert_file(Path(record["path"]), tmp_path / "peft",
+                                  lora_io.Layout.of("llama", base_info.head_count,
+                                                    base_info.head_count_kv),
+                                  rebase=derivation.rebase)
     weights, config = served / "adapter_model.safetensors", served / "adapter_config.json"
 
     def check() -> signatures.Verdict:
@@ -492,8 +494,9 @@ def test_a_demo_seeded_before_signatures_adopts_the_shipped_one(
     # Its OpenVINO file as an older conversion left it: no record of how it was made.
     target_sha = "f" * 64
     peft = lora_io.convert_file(Path(record["path"]), studio_home / "adapters" /
-                                demo.ADAPTER_NAME / "openvino", base_info.head_count,
-                                base_info.head_count_kv, "llama",
+                                demo.ADAPTER_NAME / "openvino",
+                                lora_io.Layout.of("llama", base_info.head_count,
+                                                  base_info.head_count_kv),
                                 rebase=(record["base_sha256"], target_sha))
     entry = {"backend": "openvino", "format": "peft", "base": "ov", "base_sha256": target_sha,
              "path": str(peft / "adapter_model.safetensors"),

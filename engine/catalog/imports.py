@@ -306,7 +306,9 @@ def convert_adapter(catalog: Catalog, name: str, backend: str, base: str | None 
     """Convert adapter `name`'s stored file to `backend`'s format and add it.
 
     GGUF <-> PEFT, with llama.cpp's q/k row permutation undone or applied on the B
-    halves (see `engine.formats.lora_io`); the head counts come from the adapter's base.
+    halves where the family permutes them (see `engine.formats.lora_io`); the family and
+    head counts come from the adapter's base's record (an adapter for another family is
+    refused).
     """
 
     record = catalog.adapter(name)
@@ -319,7 +321,7 @@ def convert_adapter(catalog: Catalog, name: str, backend: str, base: str | None 
     # and compare (a conversion is covered by its source's signature).
     made = {"sha256": record["sha256"], "n_head": int(meta["head_count"]),
             "n_head_kv": int(meta["head_count_kv"]),
-            "architecture": str(meta.get("architecture") or "llama"),
+            "architecture": str(meta.get("architecture")),
             "rebase": [own_base["sha256"], catalog.model(target)["sha256"]]}
     paths.adapter_store(name).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".convert-", dir=paths.adapter_store(name)) as tmp:
@@ -327,7 +329,7 @@ def convert_adapter(catalog: Catalog, name: str, backend: str, base: str | None 
         converted = lora_io.convert_file(
             Path(record["path"]), Path(tmp) / ("peft" if backend == "openvino"
                                               else "adapter.gguf"),
-            made["n_head"], made["n_head_kv"], made["architecture"],
+            lora_io.Layout.of(made["architecture"], made["n_head"], made["n_head_kv"]),
             rebase=(made["rebase"][0], made["rebase"][1]))
         return add_adapter_file(catalog, name, target, converted,
                                 f"converted from {name} ({record['format']}, sha256 "

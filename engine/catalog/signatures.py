@@ -628,8 +628,9 @@ def verify_derived(served: Path, served_sha256: str, served_config_sha256: str |
                                **named)
             gguf = Path(served).suffix == ".gguf"
             target = Path(tmp) / ("adapter.gguf" if gguf else "peft")
-            lora_io.convert_file(Path(derivation.source), target, derivation.n_head,
-                                 derivation.n_head_kv, derivation.architecture,
+            lora_io.convert_file(Path(derivation.source), target,
+                                 lora_io.Layout.of(derivation.architecture, derivation.n_head,
+                                                   derivation.n_head_kv),
                                  rebase=derivation.rebase)
             weights = target if gguf else target / "adapter_model.safetensors"
             same = digest.hash_uncached(weights)[0] == served_sha256

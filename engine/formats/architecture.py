@@ -51,6 +51,16 @@ ATTN_POST_NORM, FFN_NORM, FFN_POST_NORM = "post_attention_norm", "ffn_norm", "po
 SHORT_ROLES = {"q": ATTN_Q, "k": ATTN_K, "v": ATTN_V, "o": ATTN_OUT, "qkv": ATTN_QKV,
                "gate": FFN_GATE, "up": FFN_UP, "down": FFN_DOWN, "gate_up": FFN_UP}
 
+# llama.cpp's byte-level BPE pre-tokenizers (`tokenizer.ggml.pre`, src/llama-vocab.cpp),
+# grouped by how they split text; some are named after the family that brought them, so
+# the names live here. The Hugging Face export writes each group's `tokenizers` form.
+PRE_TOKENIZER_NAMES: dict[str, tuple[str, ...]] = {
+    "gpt2": ("gpt-2",),  # GPT-2's expression
+    "smollm": ("smollm",),  # each digit alone, then GPT-2's
+    "llama3": ("llama-bpe", "llama3", "llama-v3"),  # numbers by three, whole words kept
+    "single-digits": ("qwen2", "deepseek-r1-qwen"),  # Llama 3's, digits one at a time
+}
+
 
 @dataclass(frozen=True)
 class Family:

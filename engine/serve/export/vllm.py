@@ -2,11 +2,12 @@
 with the `vllm serve` command that serves both.
 
 The base folder is converted from the variant's own GGUF by `engine.formats.hf_export`
-(every tensor dequantized exactly to float32, q/k rows put back in Hugging Face order,
-the tokenizer and chat template from the GGUF's metadata): numpy and the gguf package
-only, so exporting needs neither torch nor transformers, and the same GGUF always gives
-the same bytes. (transformers can load the GGUF directly too; its weights were checked
-equal to ours, bit for bit, when this was written.)
+for the file's family (its Hugging Face class and config, every tensor dequantized
+exactly to float32, q/k rows put back in Hugging Face order where the family's files
+permute them, the tokenizer and chat template from the GGUF's metadata): numpy and the
+gguf package only, so exporting needs neither torch nor transformers, and the same GGUF
+always gives the same bytes. The adapters are converted for the same description
+(`lora_io.gguf_to_peft` with the base's `architecture.Model`).
 
 vLLM applies one LoRA per request at PEFT's `lora_alpha / r` and has no per-request
 scale, so the variant's adapters and scales are folded into one PEFT adapter
@@ -24,7 +25,8 @@ import numpy as np
 
 from engine.catalog import digest
 from engine.errors import RefusedError
-from engine.formats import hf_export, lora_io, naming
+from engine.formats import gguf_file, hf_export, lora_io, naming
+from engine.formats.architecture import Model
 from engine.serve.export.common import (
     Plan,
     Progress,
@@ -53,8 +55,10 @@ def write(plan: Plan, folder: Path, copy_base: bool = False,
     """Write the vLLM files into `folder` (a fresh staging folder); returns the
     manifest's target-specific parts: base, adapters, lora and serve."""
     del copy_base  # the base is always converted into the folder for vLLM
+    model = hf_export.describe(gguf_file.read_header(Path(plan.base_path)))
     if progress:
-        progress(f"converting base {plan.base_name} to Hugging Face format (float32)")
+        progress(f"converting base {plan.base_name} to Hugging Face format "
+                 f"({model.family.hf_class}, float32)")
     hf_export.write_base(plan.base_path, folder / BASE_DIR)
     if digest.sha256_file(plan.base_path) != plan.base_sha256:
         raise RefusedError(f"base {plan.base_name}: the file changed while it was converted")
@@ -62,8 +66,7 @@ def write(plan: Plan, folder: Path, copy_base: bool = False,
         progress("folding the adapters into one PEFT adapter")
     parts, adapters = [], []
     for part in plan.adapters:
-        weights = lora_io.gguf_to_peft(lora_io.read_gguf(part.path), plan.head_count,
-                                       plan.head_count_kv)
+        weights = lora_io.gguf_to_peft(lora_io.read_gguf(part.path), model)
         parts.append((weights, part.scale))
         adapters.append({"catalog_peft": _compare_catalog_peft(part.peft, weights)})
     folded = hf_export.fold_adapters(parts)
@@ -75,11 +78,12 @@ def write(plan: Plan, folder: Path, copy_base: bool = False,
     write_text(folder / SCRIPT, serve_script(plan, argv), executable=True)
     write_json(folder / REQUEST, request(plan))
     how = fold_description(plan)
-    write_text(folder / "README.md", readme(plan, lora_rel, folded, rank, argv, how))
+    write_text(folder / "README.md", readme(plan, lora_rel, folded, rank, argv, how, model))
     return {
         "base": {"copied": True, "file": None, "hf_folder": BASE_DIR, "dtype": "float32",
-                 "converted_by": "engine.formats.hf_export (exact dequantization, q/k rows "
-                                 "in Hugging Face order)"},
+                 "hf_class": model.family.hf_class,
+                 "converted_by": "engine.formats.hf_export (exact dequantization, "
+                                 + _row_order(model) + ")"},
         "adapters": adapters,
         "lora": {"name": plan.variant, "path": lora_rel, "r": folded.rank,
                  "lora_alpha": folded.alpha,
@@ -201,8 +205,14 @@ def request(plan: Plan) -> dict[str, Any]:
     }
 
 
+def _row_order(model: Model) -> str:
+    if model.family.qk_permuted:
+        return "q/k rows put back in Hugging Face order"
+    return "rows in the GGUF's order, which is Hugging Face's for this family"
+
+
 def readme(plan: Plan, lora_rel: str, folded: lora_io.LoraWeights, rank: int,
-           argv: list[str], how: str) -> str:
+           argv: list[str], how: str, model: Model) -> str:
     penalty = float(plan.profile.get("repeat_penalty", 1.0))
     penalty_note = [] if penalty == 1.0 else [
         f"The profile's repeat penalty ({fmt(penalty)}) is llama.cpp's (over the last 64 "
@@ -238,12 +248,13 @@ def readme(plan: Plan, lora_rel: str, folded: lora_io.LoraWeights, rank: int,
         "",
         "## How the base was made",
         "",
-        "The base is converted from the variant's GGUF (sha256 above), not taken from "
-        "elsewhere: every tensor is dequantized exactly to float32 (the GGUF's Q4_1 and "
-        "Q8_0 blocks hold f16 scales, which float32 represents exactly) and llama.cpp's "
-        "per-head row permutation of the q and k projections is undone, so the weights are "
-        "in Hugging Face order. The tokenizer (byte-level BPE) and chat template come from "
-        "the GGUF's metadata.",
+        f"The base is converted from the variant's GGUF (sha256 above) into "
+        f"`{model.family.hf_class}`, not taken from elsewhere: every tensor is dequantized "
+        "exactly to float32 (the GGUF's quantized blocks hold f16 scales, which float32 "
+        f"represents exactly), {_row_order(model)}. `config.json` says what llama.cpp "
+        "computes from this file (head size, RoPE, norms, soft-caps and sliding windows "
+        "where the family has them). The tokenizer (byte-level BPE) and chat template "
+        "come from the GGUF's metadata.",
         "",
         "vLLM downcasts float32 checkpoints to 16 bits by default (`--dtype auto`); add "
         "`--dtype float32` to serve the values that were checked (next section).",
@@ -252,9 +263,8 @@ def readme(plan: Plan, lora_rel: str, folded: lora_io.LoraWeights, rank: int,
         "",
         "vLLM applies one LoRA per request, scaled by PEFT's `lora_alpha / r`, and has no "
         "per-request scale; llama.cpp multiplies each adapter's B·A by scale · alpha / "
-        f"rank. So the variant is one PEFT adapter ({how}). The q/k rows of each B are in "
-        "Hugging Face order (the inverse of llama.cpp's permutation, k with the KV head "
-        "count).",
+        f"rank. So the variant is one PEFT adapter ({how}). The rows of each B are in "
+        f"Hugging Face order ({_row_order(model)}).",
         "",
         *penalty_note,
         "## What was checked",
