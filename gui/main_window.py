@@ -42,6 +42,7 @@ from engine.catalog import entries, health, imports
 from engine.catalog.store import Catalog
 from engine.curated import demo, setup
 from engine.errors import StudioError
+from engine.runtime.openvino import models as openvino_models
 from engine.state import paths, presence, settings, statefile
 from gui import help as help_menu
 from gui import notify, theme
@@ -412,8 +413,10 @@ class MainWindow(QMainWindow):
         dialog.setAutoClose(False)
         dialog.setAutoReset(False)
         worker = Catalog(self.catalog.state)  # its own: no memo shared across threads
-        task = Task(lambda progress, cancelled: imports.add_model(
-            worker, name, file, backend, progress=progress, cancelled=cancelled), self)
+        # A GGUF for OpenVINO is built into a named IR first (its stages as progress).
+        task = Task(lambda progress, cancelled: openvino_models.add_model(
+            worker, name, file, backend, progress=progress, cancelled=cancelled,
+            stages=lambda _stage, fraction: progress(int(fraction * 1000), 1000)), self)
         task.progress.connect(lambda done, _total: dialog.setValue(done))
         dialog.canceled.connect(task.cancel)
         task.succeeded.connect(lambda _record: self._model_added(name))

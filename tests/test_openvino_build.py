@@ -1,5 +1,7 @@
 """The OpenVINO default: built once from the embedded GGUF with progress, cached, named
-by structure; a fresh catalog stays fast; a GGUF can also be served directly."""
+by structure, with llama.cpp's rotary table; a fresh catalog stays fast; a record that
+holds a GGUF path on OpenVINO (made before `model add` built IRs) is served from the
+named IR. Other families: tests/test_openvino_families.py."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ def test_default_is_built_once_with_progress_then_cached(
             assert fractions == sorted(fractions) and 0 <= fractions[0] <= fractions[-1] <= 1
     naming = result["naming"]
     assert (naming["layers"], naming["renamed"], naming["cross_checked"]) == (30, 210, 210)
+    assert (naming["rope_tables"], naming["rope"]) == (1, "theta_i = 100000^(-2i/64) (f32)")
     # The compressed profiles, each in its own cache folder, int4 with the source's codes.
     assert set(result["profiles"]) == {"fast", "fast-int8"}
     assert result["profiles"]["fast"]["layers"] == {"int4": 210, "int8": 1,
@@ -163,8 +166,11 @@ def test_layer_names_come_from_structure_not_names_or_positions(
     import openvino as ov
 
     from engine.errors import RefusedError
+    from engine.formats import architecture, gguf_file
 
     folder = Path(first_build(tmp_path_factory)["result"]["folder"])
+    source = Path(first_build(tmp_path_factory)["result"]["source_path"])
+    description = architecture.describe(gguf_file.read_header(source))
     core = ov.Core()
     model = core.read_model(str(folder / "openvino_model.xml"))
     named = [op for op in model.get_ordered_ops() if op.get_friendly_name().startswith(
@@ -176,7 +182,7 @@ def test_layer_names_come_from_structure_not_names_or_positions(
         op.set_friendly_name(f"MatMul_scrambled_{index}")
         openvino_build._weight_constant(op.input_value(1).get_node()).set_friendly_name(
             f"Constant_scrambled_{index}")
-    report = openvino_build.name_projections(model, 30)
+    report = openvino_build.name_projections(model, description)
     assert (report.renamed, report.cross_checked) == (210, 0)
     assert [op.get_friendly_name() for op in named] == original
     # Weight names that contradict the structure stop the build.
@@ -186,33 +192,36 @@ def test_layer_names_come_from_structure_not_names_or_positions(
     openvino_build._weight_constant(q.input_value(1).get_node()).set_friendly_name(
         "model.layers[3].self_attn.o_proj.weight")
     with pytest.raises(RefusedError, match="disagrees with the weights"):
-        openvino_build.name_projections(model, 30)
+        openvino_build.name_projections(model, description)
 
 
 @pytest.mark.slow
-def test_a_gguf_is_served_directly_as_a_plain_openvino_base(
+def test_a_gguf_path_recorded_on_openvino_is_served_from_its_named_ir(
         studio_home: Path, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
         base_info, capsys: pytest.CaptureFixture) -> None:
+    """A record that holds a GGUF path on OpenVINO (as `model add --backend openvino`
+    made them before it built a named IR, here made directly through the catalog) is
+    served from the same named IR, built into the cache at first use; validation still
+    refuses adapters for it, saying how to re-add the file."""
+    from engine.catalog import imports
+
     catalog = Catalog()
     register_default(catalog, tmp_path_factory)
     f16 = Path(first_build(tmp_path_factory)["result"]["f16_gguf"])
-    assert cli.main(["model", "add", "plain-ov", "--file", str(f16), "--backend",
-                     "openvino"]) == 0
-    capsys.readouterr()
+    imports.add_model(catalog, "plain-ov", f16, "openvino")
     client = EngineClient()
     try:
         plain = client.call(request(catalog, "plain-ov", max_tokens=16), timeout=900)
-        # The default's exact profile: the same F16 IR at f32 (its default is int4).
+        # The default's exact profile: the same F16 IR at f32 (its default is compressed).
         named = client.call(messages.Generate(
             resolve.resolve(catalog, openvino_default.NAME, ov_profile="exact"), PROMPT,
             sampling(max_tokens=16)), timeout=900)
     finally:
         client.close()
     assert plain["backend"] == "openvino" and len(plain["token_ids"]) == 16
-    # Same F16 weights, same GGUF reader: only the layer names differ.
+    # Same F16 weights, same named IR.
     assert plain["token_ids"] == named["token_ids"]
-    # Its layers keep generated names: an adapter is refused, with the reason.
     adapter = f.write_peft_lora(tmp_path / "peft", base_info)
     code = cli.main(["adapter", "add", "x", "--base", "plain-ov", "--file", str(adapter)])
     err = capsys.readouterr().err
-    assert code == 3 and "0 of 120 tensors attach" in err and "GGUF reader" in err
+    assert code == 3 and "0 of 120 tensors attach" in err and "add the file again" in err

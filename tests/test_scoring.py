@@ -259,7 +259,9 @@ def test_base_and_demo_variant_on_openvino(studio_home: Path, tmp_path: Path,
     assert results[1]["adapters"][0]["sha256"] == catalog.adapter(ADAPTER)["files"][
         "openvino"]["sha256"]
     assert results[0]["recorded_on"] == results[1]["recorded_on"] == []  # not the set
-    assert results[1]["openvino_profile"] == "fast"  # the default profile
+    # The default profile: the one measured faster on this CPU (probe.preferred_profile).
+    assert results[1]["openvino_profile"] == catalog.model(
+        resolve.serving_base(catalog, VARIANT, "openvino"))["default_profile"]
     # Another profile on request, named in the table: the int8 profile answers too.
     two = subset_file(tmp_path, (1, 2))
     assert cli.main(["score", VARIANT, "--data", str(two), "--backend", "openvino",

@@ -223,9 +223,10 @@ def _openvino_coverage(adapter: AdapterInfo, base: BaseModelInfo) -> list[Check]
     from engine.formats import openvino_ir as openvino_attach
 
     if base.format != "openvino":
-        detail = ("this base is a GGUF file read by OpenVINO's GGUF reader: its layers get "
-                  "generated names (MatMul_46, ...), so no LoRA tensor can attach; use the "
-                  "curated OpenVINO default or an optimum-intel export (docs/formats.md)")
+        detail = ("this base was added as a GGUF path, before `model add --backend openvino` "
+                  "built a named IR: its layers have generated names (MatMul_46, ...), so no "
+                  "LoRA tensor can attach; add the file again (`variant-studio model add NAME "
+                  "--file X.gguf --backend openvino`) to build one (docs/formats.md)")
         return [Check("coverage", FAIL, f"0 of {adapter.tensor_count} tensors attach: {detail}"),
                 Check("shapes", FAIL, "nothing to compare: no layer matched")]
     try:

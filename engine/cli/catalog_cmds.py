@@ -18,6 +18,7 @@ from engine.cli.output import (
 from engine.curated import embedded, openvino_default, setup
 from engine.errors import StudioError, UsageError
 from engine.formats import lora_io
+from engine.runtime.openvino import models as openvino_models
 
 
 def ensure_openvino_default(catalog: Catalog, args: argparse.Namespace) -> None:
@@ -75,8 +76,12 @@ def cmd_model(catalog: Catalog, args: argparse.Namespace) -> int:
         if args.sha256:
             downloads.verify_sha256(args.file, downloads.check_sha256(args.sha256),
                                     remember=True)
-        record = imports.add_model(catalog, args.name, args.file, args.backend, args.source,
-                                   args.curated, progress=progress(f"hashing {args.file.name}"))
+        # A GGUF for OpenVINO is built into a named IR first (refused, with the reason,
+        # when OpenVINO cannot compute its family or RoPE as llama.cpp does).
+        record = openvino_models.add_model(
+            catalog, args.name, args.file, args.backend, args.source, args.curated,
+            progress=progress(f"hashing {args.file.name}"),
+            stages=build_progress(f"{args.name} for OpenVINO"))
     print(f"added model {record['name']} ({record['backend']}, sha256 {record['sha256'][:16]}…)")
     return 0
 

@@ -28,8 +28,9 @@ def progress(label: str) -> Callable[[int, int], None] | None:
     return report
 
 
-def build_progress() -> Callable[[str, float], None]:
-    """Stage lines on stderr while the OpenVINO default is built (the first time)."""
+def build_progress(what: str = "the OpenVINO default") -> Callable[[str, float], None]:
+    """Stage lines on stderr while an OpenVINO model (the default, the first time) is
+    built."""
     last = {"stage": "", "percent": -1}
     tty = sys.stderr.isatty()
 
@@ -38,11 +39,11 @@ def build_progress() -> Callable[[str, float], None]:
         if stage != last["stage"]:
             if tty and last["stage"]:
                 print(file=sys.stderr)
-            print(f"building the OpenVINO default: {stage}", end="" if tty else "\n",
+            print(f"building {what}: {stage}", end="" if tty else "\n",
                   file=sys.stderr, flush=True)
             last.update(stage=stage, percent=-1)
         if tty and percent != last["percent"]:
-            print(f"\rbuilding the OpenVINO default: {stage} {percent}%", end="",
+            print(f"\rbuilding {what}: {stage} {percent}%", end="",
                   file=sys.stderr, flush=True)
             last["percent"] = percent
 

@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import digest, imports
-from engine.catalog.identity import DEFAULT_OPENVINO_PROFILE, OPENVINO_PROFILES
+from engine.catalog.identity import OPENVINO_PROFILES
 from engine.catalog.resolve import counterpart
 from engine.catalog.store import Catalog
 from engine.curated import demo, embedded
 from engine.errors import RefusedError, StudioError, UnknownNameError, UsageError
 from engine.runtime.openvino import build as openvino_build
-from engine.runtime.openvino import compress, probe
+from engine.runtime.openvino import models
 
 NAME = openvino_build.DEFAULT_OPENVINO_MODEL_NAME
 BUILD_COMMAND = "variant-studio model openvino-default"
@@ -142,18 +142,15 @@ def _ensure_record(catalog: Catalog, builder: Builder | None,
         built = (builder or engine_builder)(progress)
         result = openvino_build.BuildResult.from_dict(built)
     llama_name = _llama_default(catalog, source_sha)
+    exact = {"path": result.folder, "sha256": digest.content_digest(Path(result.folder))}
+    profiles = profile_records(result, exact)  # the digest cache hashes it once
     extra = {
-        "profiles": None,  # filled in below, once the exact profile's digest is known
-        "default_profile": DEFAULT_OPENVINO_PROFILE,
-        "built_from": {"path": result.source_path, "sha256": result.source_sha256,
-                       "model": llama_name, "recipe": result.recipe,
-                       "openvino_genai": result.openvino_version,
-                       "f16_gguf": result.f16_gguf, "layers_named": result.naming.renamed,
-                       "names_cross_checked": result.naming.cross_checked},
+        "profiles": profiles,
+        # The profile this CPU steps faster (`probe.preferred_profile`), measured once.
+        "default_profile": models.default_profile(profiles),
+        "built_from": models.built_from(result, llama_name),
         "counterparts": {"llama": llama_name} if llama_name else {},
     }
-    exact = {"path": result.folder, "sha256": digest.content_digest(Path(result.folder))}
-    extra["profiles"] = profile_records(result, exact)  # the digest cache hashes it once
     try:
         return imports.add_model(catalog, NAME, Path(result.folder), "openvino",
                                  f"built from {embedded.DEFAULT_MODEL_FILE} "
@@ -167,25 +164,9 @@ def _ensure_record(catalog: Catalog, builder: Builder | None,
 
 def profile_records(result: openvino_build.BuildResult, exact: dict[str, Any]
                     ) -> dict[str, dict[str, Any]]:
-    """The `profiles` field of the OpenVINO default's record: each profile's IR folder,
-    its digest (the identity covers the bytes served), weights and precisions. The
-    compressed profiles compute at the precision that is safe and fastest on this machine,
-    found once by a child process (`probe`, on the int4 IR)."""
-    out: dict[str, dict[str, Any]] = {}
-    precision = probe.preferred_precision(Path(result.profiles[compress.FAST]["folder"]))
-    for name, built in result.profiles.items():
-        folder = Path(built["folder"])
-        out[name] = {"weights": built["weights"], "precision": precision,
-                     "dynamic_quantization": compress.DYNAMIC_QUANTIZATION[name],
-                     "kv_cache": built["kv_cache"], "path": str(folder),
-                     "sha256": digest.content_digest(folder), "size": built["size"],
-                     "recipe": built["recipe"], "nncf": built["nncf"],
-                     "layers": built["layers"]}
-    out["exact"] = {"weights": "f16", "precision": "f32", "kv_cache": "f32",
-                    "path": exact["path"], "sha256": exact["sha256"],
-                    "size": (Path(exact["path"]) / "openvino_model.bin").stat().st_size,
-                    "recipe": result.recipe}
-    return out
+    """The `profiles` field of the OpenVINO default's record (`models.profile_records`:
+    each profile's IR folder, digest, weights and this machine's precision)."""
+    return models.profile_records(result, exact)
 
 
 def _profiles_present(record: dict[str, Any]) -> bool:
@@ -202,12 +183,13 @@ def _add_profiles(catalog: Catalog, record: dict[str, Any], builder: Builder | N
     if result is None:
         result = openvino_build.BuildResult.from_dict((builder or engine_builder)(progress))
     profiles = profile_records(result, record)
+    chosen = models.default_profile(profiles)
 
     def update(data: dict[str, Any]) -> dict[str, Any]:
         stored = data["models"].get(NAME)
         if stored is not None:
             stored["profiles"] = profiles
-            stored.setdefault("default_profile", DEFAULT_OPENVINO_PROFILE)
+            stored.setdefault("default_profile", chosen)
         return data
 
     catalog.state.update(update)

@@ -13,6 +13,7 @@ with the same reason the table gives.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +72,24 @@ def _rope(model: Model, feature: str, what: str) -> str | None:
     return None
 
 
+def _openvino_layout(model: Model) -> str | None:
+    """What OpenVINO GenAI's GGUF reader (2026.4, src/cpp/src/gguf_utils) would build
+    differently from llama.cpp for this file, beyond RoPE (which the builder corrects):
+    None when its graph computes what llama.cpp computes."""
+    if model.fused_qkv:
+        return "OpenVINO GenAI's GGUF reader does not read a fused attn_qkv"
+    if model.output_bias:
+        return "OpenVINO GenAI's GGUF reader leaves out output.bias"
+    if not math.isclose(model.attention_scale, 1.0 / math.sqrt(model.head_dim),
+                        rel_tol=1e-6):
+        return (f"OpenVINO's attention scales by 1/sqrt(head_dim), this file by "
+                f"{model.attention_scale:g}")
+    if any(model.heads_for(role) for role in model.biases):
+        return ("OpenVINO GenAI's GGUF reader undoes llama.cpp's q/k row permutation on the "
+                "weights but not on their biases")
+    return None
+
+
 def _served_types(model: Model, header: Any) -> str | None:
     """Why served numerics cannot run on this file's weight types (None: they can)."""
     matrices = [t for t in model.required_tensors() if t.endswith(".weight")
@@ -111,7 +130,8 @@ def for_header(header: Any) -> tuple[Capability, ...]:
         for name in (SERVE_OPENVINO, TRAIN, TRAIN_SERVED, CONVERT, EXPORT_VLLM, EXPORT_OVMS):
             reasons[name] = problem
     else:
-        openvino = model.family.openvino_refusal or _rope(model, SERVE_OPENVINO, "OpenVINO")
+        openvino = (model.family.openvino_refusal or _rope(model, SERVE_OPENVINO, "OpenVINO")
+                    or _openvino_layout(model))
         reasons[SERVE_OPENVINO] = openvino
         reasons[EXPORT_OVMS] = openvino
         reasons[TRAIN] = _rope(model, TRAIN, "the trainer")

@@ -744,7 +744,7 @@ def load_base(path: str, sha256: str, n_threads: int,
     from engine.runtime.openvino import build as openvino_build
 
     source = Path(path)
-    folder = source if source.is_dir() else openvino_build.ir_for_gguf(source, sha256)
+    folder = source if source.is_dir() else openvino_build.exact_ir_for_gguf(source, sha256)
     info = inspect_path(folder)
     if not isinstance(info, BaseModelInfo):
         raise RefusedError(f"{source.name}: not a base model")

@@ -1,26 +1,32 @@
-"""Build an OpenVINO IR with real layer names from a llama-family GGUF, offline.
+"""Build an OpenVINO IR with real layer names from a GGUF, offline.
 
-The curated OpenVINO default base is made from the embedded GGUF, inside the project,
-with no model hub:
+Every OpenVINO base with adapters is made here from a GGUF (the curated default from the
+embedded model, a user's file at `model add --backend openvino`), for the families OpenVINO
+GenAI's GGUF reader knows and computes as llama.cpp does (`capabilities.SERVE_OPENVINO`,
+from the architecture description: every number comes from `architecture.describe`):
 
-1. dequantize: every tensor of the GGUF is read with our strict reader and written to
+1. refuse what OpenVINO cannot compute faithfully, with the reason, before any work;
+2. dequantize: every tensor of the GGUF is read with our strict reader and written to
    an F16 GGUF (OpenVINO's GGUF reader is inaccurate on Q4_1, see docs/formats.md);
-2. convert: OpenVINO GenAI reads that F16 GGUF and saves the IR, tokenizer and
+3. convert: OpenVINO GenAI reads that F16 GGUF and saves the IR, tokenizer and
    detokenizer (`LLMPipeline(..., enable_save_ov_model=True)`);
-3. name: every decoder projection MatMul is renamed the way optimum-intel names it
+4. name: every decoder projection MatMul is renamed the way optimum-intel names it
    (`__module.model.layers.N.self_attn.q_proj/aten::linear/MatMul`), from the graph's
    structure and shapes, never from its position (see `name_projections`), and the
    result is cross-checked against the weight constants' names where they have any;
-4. describe: `config.json`, `tokenizer_config.json` (chat template, special tokens)
-   and `generation_config.json` are written from the GGUF's metadata;
-5. publish: the folder is renamed into the cache in one step, under a file lock, so a
+5. RoPE: the reader's rotary table (a constant of inverse frequencies, saved as f16 and
+   blind to Llama 3's `rope_freqs` and to linear scaling) is replaced by llama.cpp's own
+   `theta_i = base^(-2i/d) / rope_freqs[i] * freq_scale` in f32 (`set_rope_table`);
+6. describe: `config.json`, `tokenizer_config.json` (chat template, special tokens)
+   and `generation_config.json` are written from the description and the GGUF metadata;
+7. publish: the folder is renamed into the cache in one step, under a file lock, so a
    crash or a second process never leaves a half-built model behind.
-6. compress: the weight-compressed profiles (int4 `fast`, int8 `fast-int8`) are made
+8. compress: the weight-compressed profiles (int4 `fast`, int8 `fast-int8`) are made
    from that IR with NNCF, each cached under its own key (`compress.py`).
 
 The build cache lives in `<data>/cache/openvino` unless `VARIANT_STUDIO_OPENVINO_CACHE`
 names another directory (tests share one per session). Only the engine process runs
-steps 2-3: this module imports OpenVINO lazily, inside the functions that need it.
+steps 3-5: this module imports OpenVINO lazily, inside the functions that need it.
 """
 
 from __future__ import annotations
@@ -42,11 +48,23 @@ import numpy as np
 
 from engine.catalog import digest
 from engine.errors import Cancelled, RefusedError
-from engine.formats import gguf_file
+from engine.formats import architecture, capabilities, gguf_file
+from engine.formats.architecture import (
+    ATTN_K,
+    ATTN_OUT,
+    ATTN_Q,
+    ATTN_V,
+    FFN_DOWN,
+    FFN_GATE,
+    FFN_UP,
+    Model,
+)
 from engine.state import paths
 from engine.state.statefile import write_json_atomic
 
-RECIPE = "f16-structural-v1"
+# v2: every family GenAI's reader knows, the rotary table replaced by llama.cpp's in f32
+# (v1 kept the reader's f16 table, blind to rope_freqs and linear scaling).
+RECIPE = "f16-structural-v2"
 CACHE_ENV = "VARIANT_STUDIO_OPENVINO_CACHE"
 DEFAULT_OPENVINO_MODEL_NAME = "smollm2-135m-instruct-openvino"
 MANIFEST = "build.json"
@@ -58,13 +76,21 @@ IR_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml"
 Progress = Callable[[str, float], None]
 CancelCheck = Callable[[], bool]
 
-# Where each projection sits in a llama decoder layer, counted in projection MatMuls
-# upstream of its input: q/k/v read the layer input (0 upstream in this layer), o
-# reads attention (3), gate/up read the post-attention norm (4), down reads the MLP
-# product (6). The next layer starts at 7.
+# Where each projection sits in a decoder layer of separate q/k/v and gate/up/down (the
+# layout of every family GenAI's reader builds), counted in projection MatMuls upstream
+# of its input: q/k/v read the layer input (0 upstream in this layer), o reads attention
+# (3), gate/up read the post-attention norm (4), down reads the MLP product (6). The next
+# layer starts at 7.
 _LAYER_SPAN = 7
 _SLOTS = {0: 3, 3: 1, 4: 2, 6: 1}
 _ACTIVATIONS = ("Swish", "Gelu", "Sigmoid", "HSwish", "HSigmoid", "Mish")
+# How far downstream of a projection its rotary multiply and its KV-cache Assign may be.
+# The path to the rotary multiply grows with what sits between: a reshape and transpose
+# (3 hops), a bias Add (4), a per-head q/k RMSNorm (5-6); walks stop at the next MatMul
+# and at attention, so they never leave the layer.
+_ROTARY_HOPS = 8
+_CACHE_HOPS = 12
+_WALL = ("MatMul", "ScaledDotProductAttention", "Assign", "Result")
 _CONST_NAMES = (
     re.compile(r"^model\.layers\[(\d{1,5})\]\.((?:self_attn|mlp)\.[a-z_]+)\.weight"),
     re.compile(r"^model\.layers\.(\d{1,5})\.((?:self_attn|mlp)\.[a-z_]+)\.weight"),
@@ -107,6 +133,9 @@ class NamingReport:
     ffn: int
     q_out: int
     kv_out: int
+    # The rotary tables replaced by llama.cpp's (`set_rope_table`) and what they hold.
+    rope_tables: int = 0
+    rope: str = ""
 
 
 @dataclass(frozen=True)
@@ -173,25 +202,40 @@ def _cached_exact(source_sha256: str) -> BuildResult | None:
 
 
 def build_from_gguf(source: Path, progress: Progress | None = None,
-                    cancelled: CancelCheck | None = None) -> BuildResult:
-    """Build (or find in the cache) the named OpenVINO IR of a llama-family GGUF, and
-    its compressed profiles."""
+                    cancelled: CancelCheck | None = None, profiles: bool = True
+                    ) -> BuildResult:
+    """Build (or find in the cache) the named OpenVINO IR of a GGUF, and (with `profiles`)
+    its compressed profiles. A file OpenVINO cannot compute faithfully is refused first."""
     from engine.runtime.openvino import compress
 
     report = progress or (lambda stage, fraction: None)
     stop = cancelled or (lambda: False)
     source = Path(source)
+    describe_for_openvino(source)  # the reason, before the file is even hashed
     report("verifying source", 0.0)
     source_sha = digest.content_digest(source, lambda d, t: report("verifying source",
                                                                      d / max(t, 1)), stop)
     root = cache_root()
     result = _cached_exact(source_sha) or _build_exact(source, source_sha, root, report,
                                                        stop)
-    profiles = compress.ensure_profiles(root, source, source_sha, Path(result.folder),
-                                        result.openvino_version, report, stop)
+    built = {}
+    if profiles:
+        built = compress.ensure_profiles(root, source, source_sha, Path(result.folder),
+                                         result.openvino_version, report, stop)
     report("done", 1.0)
     return BuildResult(**{**asdict(result), "naming": result.naming,
-                          "profiles": {k: v.to_dict() for k, v in profiles.items()}})
+                          "profiles": {k: v.to_dict() for k, v in built.items()}})
+
+
+def describe_for_openvino(source: Path) -> Model:
+    """The description of a GGUF OpenVINO computes as llama.cpp does, or a RefusedError
+    with the reason (`capabilities.SERVE_OPENVINO`: the family, its RoPE, its layout)."""
+    header = gguf_file.read_header(Path(source))  # strict checks before anything native
+    for found in capabilities.for_header(header):
+        if found.name == capabilities.SERVE_OPENVINO and not found.ok:
+            raise RefusedError(f"{Path(source).name}: OpenVINO cannot compute this file as "
+                               f"llama.cpp does, so it is not added: {found.reason}")
+    return architecture.describe(header)
 
 
 def _build_exact(source: Path, source_sha: str, root: Path, report: Progress,
@@ -225,13 +269,13 @@ def _build_exact(source: Path, source_sha: str, root: Path, report: Progress,
 
 def _build(source: Path, source_sha: str, staging: Path, report: Progress,
            stop: CancelCheck) -> BuildResult:
-    header = gguf_file.read_header(source)  # strict checks before anything native
-    arch = header.get("general.architecture")
-    if arch != "llama":
-        raise RefusedError(f"{source.name}: architecture {arch!r}; the OpenVINO builder "
-                           "knows the llama layer structure only")
+    model = describe_for_openvino(source)
+    header = gguf_file.read_header(source)
+    table = rope_table(model, header)
     f16 = staging / F16_FILE
-    dequantize_to_f16(source, f16, lambda f: report("dequantizing to F16", f), stop)
+    reader = _metadata_reader(source)  # read once: parsing the vocabulary takes seconds
+    dequantize_to_f16(source, f16, lambda f: report("dequantizing to F16", f), stop,
+                      reader)
     _check(stop)
     report("converting with OpenVINO", 0.0)
     convert_dir = staging / "convert"
@@ -243,13 +287,13 @@ def _build(source: Path, source_sha: str, staging: Path, report: Progress,
     ir = staging / IR_FOLDER
     ir.mkdir()
     naming = _name_and_save(convert_dir / "openvino_model.xml", ir / "openvino_model.xml",
-                            int(header.get("llama.block_count", 0)))
+                            model, table)
     for name in IR_FILES[2:]:
         os.replace(convert_dir / name, ir / name)
     shutil.rmtree(convert_dir)
     _check(stop)
     report("describing", 0.0)
-    write_descriptions(source, ir)
+    write_descriptions(source, ir, model, reader)
     return BuildResult(folder=str(ir), f16_gguf=str(f16), source_path=str(source),
                        source_sha256=source_sha, recipe=RECIPE,
                        openvino_version=openvino_version(), seconds=0.0, built=True,
@@ -261,50 +305,38 @@ def _check(stop: CancelCheck) -> None:
         raise Cancelled("building the OpenVINO model was cancelled")
 
 
-def ir_for_gguf(source: Path, source_sha256: str) -> Path:
-    """A GGUF served by OpenVINO as a plain base: its IR, converted once into the cache.
-
-    OpenVINO's GGUF reader writes the IR beside the file it reads, so it reads a link
-    in a staging folder of the cache, never the user's folder. The layers keep their
-    generated names: adapters cannot attach (validation says so up front).
-    """
-    import filelock
-
-    root = cache_root()
-    key = f"gguf-{source_sha256[:16]}-ov{build_key(source_sha256).rsplit('-ov', 1)[1]}"
-    final = root / key
-    if all((final / name).is_file() for name in IR_FILES):
-        return final
-    with filelock.FileLock(str(root / f".{key}.lock")):
-        if all((final / name).is_file() for name in IR_FILES):
-            return final
-        staging = Path(tempfile.mkdtemp(prefix=f".build-{key}-", dir=root))
-        try:
-            link = staging / "model.gguf"
-            os.symlink(Path(source).resolve(), link)
-            _convert_with_openvino(link)
-            link.unlink()
-            write_descriptions(Path(source), staging)
-            if final.exists():
-                shutil.rmtree(final)
-            staging.rename(final)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    return final
+def exact_ir_for_gguf(source: Path, source_sha256: str) -> Path:
+    """The named F16 IR of a GGUF (built into the cache if missing): how a record that
+    holds a GGUF path on OpenVINO is served (records made before `model add` built the
+    IR up front). A family or RoPE OpenVINO cannot compute is refused with the reason."""
+    result = _cached_exact(source_sha256)
+    if result is None:
+        describe_for_openvino(source)
+        result = _build_exact(Path(source), source_sha256, cache_root(),
+                              lambda stage, fraction: None, lambda: False)
+    return Path(result.folder)
 
 
-# --------------------------------------------------------------------------- step 1
+# --------------------------------------------------------------------------- step 2
+
+
+def _metadata_reader(source: Path) -> Any:
+    """gguf-py's reader of `source`, after our strict parse of it."""
+    from gguf import GGUFReader
+
+    gguf_file.read_header(source)
+    return GGUFReader(str(source))
 
 
 def dequantize_to_f16(source: Path, target: Path, progress: Callable[[float], None],
-                      cancelled: CancelCheck) -> None:
-    """Write `source` with every matrix as F16 (vectors stay F32), metadata unchanged."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+                      cancelled: CancelCheck, reader: Any = None) -> None:
+    """Write `source` with every matrix as F16 (vectors stay F32), metadata unchanged
+    (`reader`: gguf-py's reader of `source`, when the caller has one)."""
+    from gguf import GGUFValueType, GGUFWriter
     from gguf.constants import LlamaFileType
 
     header = gguf_file.read_header(source)  # our strict parse comes first
-    reader = GGUFReader(str(source))
+    reader = reader or _metadata_reader(source)
     writer = GGUFWriter(str(target), str(header.get("general.architecture")))
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment"):
@@ -332,7 +364,7 @@ def dequantize_to_f16(source: Path, target: Path, progress: Callable[[float], No
     progress(1.0)
 
 
-# --------------------------------------------------------------------------- step 2
+# --------------------------------------------------------------------------- step 3
 
 
 def _convert_with_openvino(gguf_path: Path) -> None:
@@ -347,7 +379,7 @@ def _convert_with_openvino(gguf_path: Path) -> None:
                                f"{gguf_path.name}")
 
 
-# --------------------------------------------------------------------------- step 3
+# --------------------------------------------------------------------------- step 4
 
 
 @dataclass(frozen=True)
@@ -370,18 +402,19 @@ def _weight_constant(node: Any) -> Any | None:
     return None
 
 
-def name_projections(model: Any, expect_layers: int = 0) -> NamingReport:
+def name_projections(model: Any, description: Model) -> NamingReport:
     """Give each decoder projection MatMul optimum-intel's name, from structure alone.
 
     Per layer: q/k/v share the layer's normed input; o follows attention; gate/up share
     the post-attention norm; down follows the MLP product. Which group a projection
     belongs to is the number of projection MatMuls upstream of its input (see
     `_SLOTS`), so neither the order of `get_ordered_ops()` nor node ids matter. Inside
-    a group: q/k are the rotary-embedded ones (their output meets a sin/cos table
-    within three hops), k/v are the ones whose output reaches the KV cache (an
-    `Assign`); gate feeds the activation, up does not. Where weight constants carry
-    module names (OpenVINO's GGUF reader gives them), they must agree, or the build
-    fails rather than serve a model whose adapters would land on the wrong layer.
+    a group: q/k are the rotary-embedded ones (their output meets a sin/cos table before
+    the next MatMul or attention: through a bias Add or a per-head norm too), k/v are the
+    ones whose output reaches the KV cache (an `Assign`); gate feeds the activation, up
+    does not. The module names are the description's (`Model.module`). Where weight
+    constants carry module names (OpenVINO's GGUF reader gives them), they must agree, or
+    the build fails rather than serve a model whose adapters would land on the wrong layer.
     """
     ops = model.get_ordered_ops()
     projections: dict[str, _Projection] = {}
@@ -430,28 +463,27 @@ def name_projections(model: Any, expect_layers: int = 0) -> NamingReport:
             continue  # the output projection (lm_head) after the last decoder layer
         if slot not in _SLOTS or len(members) != _SLOTS[slot]:
             raise RefusedError(f"unsupported graph: {len(members)} projection(s) at depth "
-                               f"{depth} do not fit a llama decoder layer (layer {layer})")
-        prefix = f"model.layers.{layer}"
+                               f"{depth} do not fit a {description.family.title} decoder "
+                               f"layer (layer {layer})")
         if slot == 0:
-            roles = _attention_roles(members, nodes, rope_table)
-            for name, role in roles.items():
-                renames[name] = f"{prefix}.self_attn.{role}"
+            for name, role in _attention_roles(members, nodes, rope_table).items():
+                renames[name] = description.module(layer, role)
         elif slot == 3:
-            renames[members[0]] = f"{prefix}.self_attn.o_proj"
+            renames[members[0]] = description.module(layer, ATTN_OUT)
         elif slot == 4:
             gates = [m for m in members if _feeds_activation(nodes[m])]
             if len(gates) != 1:
                 raise RefusedError(f"unsupported graph: layer {layer} has no single gate "
                                    "projection feeding an activation")
             up = next(m for m in members if m != gates[0])
-            renames[gates[0]] = f"{prefix}.mlp.gate_proj"
-            renames[up] = f"{prefix}.mlp.up_proj"
+            renames[gates[0]] = description.module(layer, FFN_GATE)
+            renames[up] = description.module(layer, FFN_UP)
         else:
-            renames[members[0]] = f"{prefix}.mlp.down_proj"
+            renames[members[0]] = description.module(layer, FFN_DOWN)
             layer += 1
-    if expect_layers and layer != expect_layers:
+    if layer != description.n_layer:
         raise RefusedError(f"structural naming found {layer} decoder layers, the model "
-                           f"declares {expect_layers}")
+                           f"declares {description.n_layer}")
     cross_checked = 0
     for name, module in renames.items():
         declared = _module_from_constant(projections[name].const_name)
@@ -462,13 +494,29 @@ def name_projections(model: Any, expect_layers: int = 0) -> NamingReport:
                                    f"{projections[name].const_name}")
             cross_checked += 1
         nodes[name].set_friendly_name(f"__module.{module}/aten::linear/MatMul")
+    _check_shapes(renames, projections, description)
     by_module = {module: projections[name] for name, module in renames.items()}
-    q = by_module.get("model.layers.0.self_attn.q_proj")
-    k = by_module.get("model.layers.0.self_attn.k_proj")
-    gate = by_module.get("model.layers.0.mlp.gate_proj")
+    q = by_module.get(description.module(0, ATTN_Q))
+    k = by_module.get(description.module(0, ATTN_K))
+    gate = by_module.get(description.module(0, FFN_GATE))
     return NamingReport(layers=layer, renamed=len(renames), cross_checked=cross_checked,
                         hidden=q.in_features if q else 0, ffn=gate.out_features if gate else 0,
                         q_out=q.out_features if q else 0, kv_out=k.out_features if k else 0)
+
+
+def _check_shapes(renames: dict[str, str], projections: dict[str, _Projection],
+                  description: Model) -> None:
+    """Every named projection has the (out, in) shape the description gives its role: a
+    structure read wrongly (q taken for k) cannot pass with the heads of this file."""
+    from engine.formats import naming
+
+    for name, module in renames.items():
+        role = naming.role_of(module)
+        found = projections[name]
+        expected = description.projection_shape(role) if role else None
+        if expected != (found.out_features, found.in_features):
+            raise RefusedError(f"unsupported graph: {module} is {found.out_features}x"
+                               f"{found.in_features}, the model says {expected}")
 
 
 def _module_from_constant(name: str) -> str | None:
@@ -479,16 +527,24 @@ def _module_from_constant(name: str) -> str | None:
     return None
 
 
-def _downstream(node: Any, hops: int) -> list[Any]:
+def _downstream(node: Any, hops: int, wall: tuple[str, ...] = ()) -> list[Any]:
+    """Nodes within `hops` edges downstream of `node` (each once), not walking past a
+    node whose type is in `wall` (it is listed, its consumers are not)."""
     found = []
+    seen = {node.get_friendly_name()}
     frontier = [node]
     for _ in range(hops):
         nxt = []
         for current in frontier:
             for output in current.outputs():
                 for target in output.get_target_inputs():
-                    nxt.append(target.get_node())
-        found.extend(nxt)
+                    child = target.get_node()
+                    if child.get_friendly_name() in seen:
+                        continue
+                    seen.add(child.get_friendly_name())
+                    found.append(child)
+                    if child.get_type_name() not in wall:
+                        nxt.append(child)
         frontier = nxt
     return found
 
@@ -496,7 +552,7 @@ def _downstream(node: Any, hops: int) -> list[Any]:
 def _attention_roles(members: list[str], nodes: dict[str, Any],
                      rope_table: dict[str, bool]) -> dict[str, str]:
     def roped(name: str) -> bool:
-        for node in _downstream(nodes[name], 3):
+        for node in _downstream(nodes[name], _ROTARY_HOPS, _WALL):
             if node.get_type_name() == "Multiply" and any(
                     rope_table.get(v.get_node().get_friendly_name(), False)
                     for v in node.input_values()):
@@ -504,18 +560,19 @@ def _attention_roles(members: list[str], nodes: dict[str, Any],
         return False
 
     def cached(name: str) -> bool:
-        return any(n.get_type_name() == "Assign" for n in _downstream(nodes[name], 8))
+        return any(n.get_type_name() == "Assign"
+                   for n in _downstream(nodes[name], _CACHE_HOPS, _WALL))
 
     flags = {m: (roped(m), cached(m)) for m in members}
     roles = {}
     for name, (is_roped, is_cached) in flags.items():
         if is_roped and not is_cached:
-            roles[name] = "q_proj"
+            roles[name] = ATTN_Q
         elif is_roped and is_cached:
-            roles[name] = "k_proj"
+            roles[name] = ATTN_K
         elif is_cached:
-            roles[name] = "v_proj"
-    if sorted(roles.values()) != ["k_proj", "q_proj", "v_proj"]:
+            roles[name] = ATTN_V
+    if sorted(roles.values()) != sorted((ATTN_Q, ATTN_K, ATTN_V)):
         raise RefusedError("unsupported graph: cannot tell q, k and v apart (rotary and "
                            f"cache flags {sorted(flags.values())})")
     return roles
@@ -525,25 +582,118 @@ def _feeds_activation(node: Any) -> bool:
     return any(n.get_type_name() in _ACTIVATIONS for n in _downstream(node, 1))
 
 
-def _name_and_save(source_xml: Path, target_xml: Path, expect_layers: int) -> NamingReport:
+# --------------------------------------------------------------------------- step 5
+
+
+def rope_table(model: Model, header: Any) -> np.ndarray:
+    """llama.cpp's inverse frequencies for this file (ggml_rope_ext without YaRN):
+    theta_i = base^(-2i/d), divided by Llama 3's `rope_freqs[i]` where the file has them,
+    times freq_scale = 1/factor under linear scaling. Computed in float64."""
+    table = np.asarray(model.rope.inv_freq(), dtype=np.float64) * model.rope.freq_scale
+    if model.rope.freq_factors:
+        factors = gguf_file.read_tensor(header, "rope_freqs.weight").astype(np.float64)
+        if factors.shape != table.shape or not np.all(np.isfinite(factors)) or np.any(
+                factors <= 0):
+            raise RefusedError(f"{header.path.name}: rope_freqs.weight must hold "
+                               f"{table.size} positive factors")
+        table = table / factors
+    return table
+
+
+def _rope_text(model: Model) -> str:
+    """What the rotary table holds, for the build's report."""
+    text = f"theta_i = {model.rope.base:g}^(-2i/{model.rope.dims})"
+    if model.rope.freq_factors:
+        text += " / rope_freqs[i]"
+    if model.rope.factor != 1.0:
+        text += f" x 1/{model.rope.factor:g}"
+    return text + " (f32)"
+
+
+def set_rope_table(model: Any, description: Model, table: np.ndarray) -> int:
+    """Replace the GGUF reader's rotary table by llama.cpp's (`rope_table`).
+
+    The reader builds the rotary embedding from one constant of shape [1, d/2, 1] holding
+    base^(-2i/d): broadcast, multiplied by the positions (a MatMul), then cos and sin. It
+    reads neither Llama 3's `rope_freqs` nor a linear scaling factor, and its saved IR keeps
+    the constant as f16 (far enough from llama.cpp's f32 angles to change the next-token
+    distribution beyond ~1000 positions). Every such constant that feeds a sin/cos table
+    is checked to hold the file's base^(-2i/d) and is replaced by `table` in f32; the number
+    replaced is returned (at least one, or the graph is not the one this build expects).
+    """
+    from openvino import opset13 as ops
+
+    half = description.rope.dims // 2
+    plain = np.asarray(description.rope.inv_freq(), dtype=np.float64)
+    replacement = ops.constant(table.astype(np.float32).reshape(1, half, 1))
+    replaced = 0
+    for op in model.get_ordered_ops():
+        if op.get_type_name() != "Constant" or list(op.get_output_shape(0)) != [1, half, 1]:
+            continue
+        # The constant, or its f16 -> f32 Convert, is what the rotary subgraph reads.
+        feed = op
+        users = [t.get_node() for t in op.output(0).get_target_inputs()]
+        if len(users) == 1 and users[0].get_type_name() == "Convert":
+            feed = users[0]
+        if not _feeds_trig(feed):
+            continue
+        if not _holds(op.get_data().astype(np.float64).reshape(-1), plain):
+            raise RefusedError("unsupported graph: the rotary table OpenVINO built does not "
+                               f"hold {description.rope.base:g}^(-2i/{description.rope.dims})")
+        for target in list(feed.output(0).get_target_inputs()):
+            target.replace_source_output(replacement.output(0))
+        replaced += 1
+    if not replaced:
+        raise RefusedError("unsupported graph: no rotary table found to correct")
+    return replaced
+
+
+def _holds(values: np.ndarray, plain: np.ndarray) -> bool:
+    """`values` are `plain` as a float32 or a float16 constant holds them: f16 rounding
+    (to within one f16 step: the reader rounds float32 values, we float64 ones) covers
+    the subnormal f16 values a large base's slowest frequencies fall to (1e6^(-62/64) is
+    1.5e-6, below f16's smallest normal 6.1e-5)."""
+    if values.shape != plain.shape:
+        return False
+    if np.allclose(values, plain, rtol=1e-6, atol=0.0):
+        return True
+    halves = plain.astype(np.float16)
+    steps = np.spacing(np.abs(halves)).astype(np.float64)
+    return bool(np.all(np.abs(values - halves.astype(np.float64)) <= steps))
+
+
+def _feeds_trig(node: Any) -> bool:
+    """`node` reaches a Sin or Cos within a few hops (broadcast, MatMul, transpose, concat)."""
+    return any(n.get_type_name() in ("Sin", "Cos") for n in _downstream(node, 6))
+
+
+def _name_and_save(source_xml: Path, target_xml: Path, description: Model,
+                   table: np.ndarray) -> NamingReport:
     import openvino as ov
 
     core = ov.Core()
     model = core.read_model(str(source_xml))
-    report = name_projections(model, expect_layers)
-    ov.save_model(model, str(target_xml))
-    return report
+    report = name_projections(model, description)
+    tables = set_rope_table(model, description, table)
+    model.validate_nodes_and_infer_types()
+    # No fp16 compression on save: the rotary table must stay f32 (the reader's other
+    # constants are already stored as f16 and stay as they are).
+    ov.save_model(model, str(target_xml), compress_to_fp16=False)
+    return NamingReport(**{**asdict(report), "rope_tables": tables,
+                           "rope": _rope_text(description)})
 
 
-# --------------------------------------------------------------------------- step 4
+# --------------------------------------------------------------------------- step 6
 
 
-def write_descriptions(source: Path, ir: Path) -> None:
-    """config.json, tokenizer_config.json and generation_config.json from GGUF metadata."""
-    from gguf import GGUFReader
-
+def write_descriptions(source: Path, ir: Path, model: Model | None = None,
+                       reader: Any = None) -> None:
+    """config.json, tokenizer_config.json and generation_config.json from the description
+    (`architecture.describe`) and the GGUF's tokenizer metadata (`reader`: gguf-py's reader
+    of `source`, when the caller has one)."""
     header = gguf_file.read_header(source)
-    reader = GGUFReader(str(source))
+    described = model or architecture.describe(header)
+    reader = reader or _metadata_reader(source)
 
     def value(key: str, default: Any = None) -> Any:
         field = reader.fields.get(key)
@@ -552,25 +702,29 @@ def write_descriptions(source: Path, ir: Path) -> None:
     tokens = value("tokenizer.ggml.tokens", [])
     bos = value("tokenizer.ggml.bos_token_id")
     eos = value("tokenizer.ggml.eos_token_id")
-    heads = int(value("llama.attention.head_count", 0))
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    family = described.family
+    config: dict[str, Any] = {
+        "architectures": [family.hf_class],
+        "model_type": family.hf_model_type,
         "_name_or_path": str(value("general.name", source.stem)),
-        "num_hidden_layers": int(value("llama.block_count", 0)),
-        "hidden_size": int(value("llama.embedding_length", 0)),
-        "intermediate_size": int(value("llama.feed_forward_length", 0)),
-        "num_attention_heads": heads,
-        "num_key_value_heads": int(value("llama.attention.head_count_kv", heads)),
-        "max_position_embeddings": int(value("llama.context_length", 0)),
-        "rms_norm_eps": float(value("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(value("llama.rope.freq_base", 10000.0)),
+        "num_hidden_layers": described.n_layer,
+        "hidden_size": described.n_embd,
+        "intermediate_size": described.n_ff,
+        "num_attention_heads": described.n_head,
+        "num_key_value_heads": described.n_head_kv,
+        "head_dim": described.head_dim,
+        "max_position_embeddings": described.n_ctx_train,
+        "rms_norm_eps": described.rms_eps,
+        "rope_theta": described.rope.base,
         "vocab_size": len(tokens),
         "bos_token_id": int(bos) if bos is not None else None,
         "eos_token_id": int(eos) if eos is not None else None,
-        "tie_word_embeddings": "output.weight" not in header.tensors,
+        "tie_word_embeddings": described.tied_output,
         "torch_dtype": "float16",
     }
+    if described.rope.factor != 1.0:
+        config["rope_scaling"] = {"rope_type": described.rope.scaling,
+                                  "factor": described.rope.factor}
     write_json_atomic(ir / "config.json", config)
     tokenizer: dict[str, Any] = {
         "add_bos_token": bool(value("tokenizer.ggml.add_bos_token", False)),

@@ -4,7 +4,7 @@ The OpenVINO default is built as an F16 IR (`build.py`, the *exact* profile). Fr
 this module makes the compressed profiles with OpenVINO's own compression tool, NNCF's
 `compress_weights`, data-free:
 
-- `fast` (int4): the 210 decoder projections INT4_ASYM in groups of 32, the embedding
+- `fast` (int4): every decoder projection INT4_ASYM in groups of 32, the embedding
   INT8_ASYM (NNCF's backup mode). When the source GGUF stores a projection as Q4_1
   (the embedded model does), NNCF's int4 codes are then replaced by the source's own:
   Q4_1 is already a 4-bit asymmetric code in blocks of 32 along the input dimension,
@@ -51,7 +51,8 @@ from typing import Any
 import numpy as np
 
 from engine.errors import Cancelled, EngineError, RefusedError
-from engine.formats import gguf_file
+from engine.formats import architecture, gguf_file, naming
+from engine.runtime.openvino.build import RECIPE as EXACT_RECIPE
 from engine.runtime.openvino.build import version_token
 from engine.state.statefile import write_json_atomic
 
@@ -77,12 +78,8 @@ GROUP = 32  # Q4_1 block size = NNCF's group size for int4
 # |Q4_1 rebuilt - F16 IR weight| / max|weight| above this refuses the build (f16
 # rounding of the scale and zero point gives about 7e-4 on the default).
 SNAP_TOLERANCE = 4e-3
-_NAME = re.compile(r"__module\.model\.layers\.(\d{1,5})\.((?:self_attn|mlp)\.[a-z_]+)"
+_NAME = re.compile(r"__module\.(model\.layers\.\d{1,5}\.(?:self_attn|mlp)\.[a-z_]+)"
                    r"/aten::linear/MatMul")
-_GGUF_ROLE = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-              "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down"}
 
 
 def nncf_version() -> str:
@@ -93,10 +90,13 @@ def nncf_version() -> str:
 
 
 def profile_key(source_sha256: str, profile: str, openvino_version: str) -> str:
+    """The cache folder of a profile: its source, its recipe and the F16 IR's (a profile
+    is made from that IR: a new exact recipe is a new profile), OpenVINO's and NNCF's
+    versions."""
     weights, recipe = COMPRESSED[profile]
     ov = version_token(openvino_version, 40)
     nncf = version_token(nncf_version(), 20)
-    return f"{source_sha256[:16]}-{recipe}-ov{ov}-nncf{nncf}"
+    return f"{source_sha256[:16]}-{recipe}-{EXACT_RECIPE}-ov{ov}-nncf{nncf}"
 
 
 @dataclass(frozen=True)
@@ -271,8 +271,7 @@ def snap_to_source(model: Any, header: Any, reference: dict[str, np.ndarray],
     """
     from engine.formats.lora_io import unpermute_rows
 
-    heads = int(header.get("llama.attention.head_count", 0) or 0)
-    heads_kv = int(header.get("llama.attention.head_count_kv", heads) or heads)
+    description = architecture.describe(header)
     projections = [op for op in model.get_ordered_ops()
                    if op.get_type_name() == "MatMul" and _NAME.fullmatch(op.get_friendly_name())]
     snapped = 0
@@ -280,7 +279,6 @@ def snap_to_source(model: Any, header: Any, reference: dict[str, np.ndarray],
         _check(stop)
         match = _NAME.fullmatch(op.get_friendly_name())
         assert match is not None
-        module = match.group(2)
         tensor = _gguf_tensor(match)
         info = header.tensors.get(tensor)
         if info is None or info.type_id != _Q4_1:
@@ -296,9 +294,10 @@ def snap_to_source(model: Any, header: Any, reference: dict[str, np.ndarray],
         expected = expected.astype(np.float32)
         codes, scale, minimum = _q4_1_blocks(header, tensor)
         rows = codes.shape[0]
-        n_head = heads if module.endswith("q_proj") else (
-            heads_kv if module.endswith("k_proj") else 0)
-        if n_head:  # GGUF keeps llama q/k rows permuted; the IR has them in HF order
+        # GGUF keeps q/k rows permuted per head where the family's RoPE needs it (the
+        # description says); the IR has them in Hugging Face order.
+        n_head = description.heads_for(naming.role_of(match.group(1)) or "")
+        if n_head:
             codes = unpermute_rows(codes.reshape(rows, -1), n_head).reshape(codes.shape)
             scale, minimum = unpermute_rows(scale, n_head), unpermute_rows(minimum, n_head)
         d = scale.astype(np.float32)
@@ -414,7 +413,7 @@ def _q4_1_as_int8(codes: np.ndarray, d: np.ndarray, m: np.ndarray
 
 def _gguf_tensor(match: re.Match[str]) -> str:
     """The GGUF tensor of a projection whose MatMul name `_NAME` matched."""
-    return f"blk.{match.group(1)}.{_GGUF_ROLE.get(match.group(2), '?')}.weight"
+    return naming.module_to_gguf(match.group(1)) or f"{match.group(1)}?"
 
 
 def _all_q4_1(header: Any, reference: dict[str, np.ndarray]) -> bool:

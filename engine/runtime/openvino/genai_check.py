@@ -103,7 +103,8 @@ def run(spec: SessionSpec, continuations: list[list[int]], prompts: list[Any],
     manager.open(spec, cancelled)  # the files verified before OpenVINO GenAI reads them
     token_lists = [manager.prompt_tokens(spec, prompt, cancelled) for prompt in prompts]
     path = Path(spec.base_path)
-    folder = path if path.is_dir() else openvino_build.ir_for_gguf(path, spec.identity.base_sha256)
+    folder = path if path.is_dir() else openvino_build.exact_ir_for_gguf(
+        path, spec.identity.base_sha256)
     stderr: list[str] = []
     outputs: list[list[int]] = []
     with captured_stderr(stderr):
