@@ -433,4 +433,5 @@ def _lora_flags(command: argparse.ArgumentParser) -> None:
     command.add_argument("--alpha", type=float,
                          help="LoRA alpha (the multiplier is alpha/rank)")
     command.add_argument("--lr", type=float, help="learning rate")
-    command.add_argument("--targets", help="projections to adapt, e.g. q,v (default)")
+    command.add_argument("--targets", help="projections to adapt, e.g. q,v (default: the "
+                         "base family's, q,v; qkv for Phi-3)")

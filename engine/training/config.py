@@ -14,6 +14,9 @@ from typing import Any
 from engine.errors import UsageError
 from engine.formats import naming
 
+# A config built without targets adapts q and v; a training request without them gets
+# its base family's default instead (job.prepare: `support.default_targets`, Phi-3's
+# fused attn_qkv), which is the same pair for every family with separate q and v.
 DEFAULT_TARGETS = ("attn_q", "attn_v")
 # "served": the forward pass rounds where llama.cpp does (engine.training.served_math);
 # "float": float32 activations, the only arithmetic before issue 16. A provenance record
