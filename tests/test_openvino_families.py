@@ -295,6 +295,30 @@ def test_parity_between_the_backends_on_a_q4_1_source(added) -> None:
     assert result["unused_lora_tensors"] == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["llama3", "llama-linear"])
+def test_rope_frequency_factors_and_linear_scaling_agree_with_llama_cpp_after_model_add(
+        variant: str, added, family_files) -> None:
+    """The two silent wrong results of OpenVINO's own GGUF reader, through the commands a
+    user runs: `model add --backend openvino` of a Llama 3 file (rope_freqs) and of a
+    linearly scaled one, then `parity` against the same file on llama.cpp. The reader's
+    own IR ignored both and computed another model (KL of several nats, first tokens
+    apart)."""
+    catalog, client = added
+    source = family_files[variant].base("F16")
+    assert cli.main(["model", "add", f"{variant}-cpp", "--file", str(source)]) == 0
+    assert cli.main(["model", "add", f"{variant}-ov", "--file", str(source), "--backend",
+                     "openvino"]) == 0
+    first = resolve.resolve(catalog, f"{variant}-cpp")
+    second = resolve.resolve(catalog, f"{variant}-ov", ov_profile="exact")
+    prompts = (messages.Prompt("The old lighthouse keeper climbed the spiral stairs", chat=False),
+               messages.Prompt("Tell me about lighthouses.", chat=True))
+    result = client.call(messages.CrossCheck(first, second, prompts, 8), timeout=TIMEOUT)
+    assert all(row["same_token_ids"] for row in result["prompts"])
+    assert result["max_kl"] < MAX_KL, (variant, result["max_kl"])
+    assert result["first_token_agreement"] == 1.0
+
+
 def test_build_refuses_before_building(family_files, tmp_path: Path,
                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The builder itself refuses what `model add` refuses (an engine request made by
