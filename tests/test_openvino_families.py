@@ -345,3 +345,31 @@ def test_the_serving_profile_rule_reads_the_median_ratio_and_ties_go_to_int8() -
     assert answer(0.8).profile == "fast-int8"
     assert answer(1.5, returncode=-11).profile == "fast"  # crashed: keep the old default
     assert probe._profile_answer(0, "").profile == "fast"
+
+
+def test_int4_is_a_default_candidate_only_where_it_carries_the_files_own_codes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """From a file that is not all Q4_1, NNCF re-quantizes to 4 bits (another model:
+    KL 0.46-0.65 from llama.cpp on the fixtures): `fast-int8` serves without a measurement.
+    Where int4 holds the file's own Q4_1 codes, the probe's measurement decides."""
+    from engine.runtime.openvino import models, probe
+
+    asked: list[Path] = []
+
+    def measured(fast: Path, int8: Path, precision: str) -> probe.ProfileProbe:
+        asked.append(fast)
+        return probe.ProfileProbe("fast", {})
+
+    monkeypatch.setattr(probe, "preferred_profile", measured)
+
+    def profiles(layers: dict[str, int]) -> dict[str, dict[str, Any]]:
+        return {"fast": {"path": "/f", "precision": "f32", "layers": layers},
+                "fast-int8": {"path": "/i", "precision": "f32", "layers": {}}}
+
+    assert models.default_profile(profiles({"int4": 14, "int8": 1,
+                                            "snapped_to_source": 0})) == "fast-int8"
+    assert models.default_profile(profiles({"int4": 14, "snapped_to_source": 13})) == \
+        "fast-int8"
+    assert asked == []
+    assert models.default_profile(profiles({"int4": 14, "snapped_to_source": 14})) == "fast"
+    assert asked == [Path("/f")]

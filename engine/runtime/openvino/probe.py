@@ -24,7 +24,8 @@ which on these VMs moves absolute speeds by 1.6x). `fast-int8` is the default un
 to llama.cpp (docs/formats.md, "Profiles"), so a tie goes to it, and a margin twice the
 rounds' spread keeps a tie from flipping between measurements (on the Zen 3 three runs
 gave ratios of 0.98, 1.03 and 1.08). A crash or a failed child
-keeps `fast`, the default before any measurement.
+keeps `fast`, the default before any measurement. (Whether `fast` is a candidate at all,
+because its int4 codes are the file's own, is `models.default_profile`'s question.)
 
 Both answers are kept in the OpenVINO build cache (`probes.json`), per CPU (model name,
 family, AVX-512/AMX flags) and OpenVINO version; the serving profile also per precision
