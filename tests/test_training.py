@@ -334,6 +334,9 @@ def test_every_run_is_checked_as_served(studio_home: Path, tmp_path: Path) -> No
     # The base's NLL on these six paragraphs is the figure docs/training.md gives.
     assert drift["texts"] == 6 and abs(drift["base"] - 3.31) < 0.01
     assert drift["variant"] != drift["base"]  # the adapter is applied when it is scored
+    # The catalog's adapter record carries the verdict (docs/training.md).
+    assert Catalog().adapter("chk")["served_check"] == served_check.verdict(checks) \
+        == result["served_check"]
 
 
 def test_served_check_lines_flag_what_is_past_the_limits() -> None:

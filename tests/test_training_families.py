@@ -308,3 +308,29 @@ def test_a_run_on_every_family_is_served_as_trained(
     assert record["served_check"]["passed"] is (
         parity_report["top1_agreement"] >= 0.93
         and result["checks"]["drift"]["delta"] <= 0.05), record["served_check"]
+
+
+@pytest.mark.slow
+def test_a_run_whose_served_check_fails_imports_its_adapter_marked(
+        family_files: dict[str, families.FamilyFiles], studio_home: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check measured under its limits (top-1 0.5, drift +0.2): the adapter is still
+    imported, marked failing with the reasons, never as a silent success."""
+    from engine.catalog import imports
+    from engine.catalog.store import Catalog
+    from engine.training import job, served_check
+
+    measured = {"parity": {"top1_agreement": 0.5, "mean_abs_logprob_diff": 0.4},
+                "drift": {"base": 3.0, "variant": 3.2, "delta": 0.2}}
+    monkeypatch.setattr(served_check, "measure", lambda *args, **kwargs: measured)
+    catalog = Catalog()
+    imports.add_model(catalog, "fixture", family_files["qwen2"].base("F32"))
+    result = job.execute(job.TrainRequest("marked", "fixture", str(sft_data(
+        tmp_path / "data.jsonl")), {"steps": 1, "batch": 2, "seq_len": 48, "rank": 4,
+                                    "numerics": "float", "threads": 1}),
+        lambda kind, **fields: None, lambda: False)
+    record = Catalog().adapter("marked")
+    assert result["adapter"] == "marked" and record["served_check"]["passed"] is False
+    assert record["served_check"]["reason"] == (
+        "the trainer and llama.cpp agree on the next token 50.0% of the time, under 93%; "
+        "drift on unrelated text is +0.200 nats/token, over +0.05")
