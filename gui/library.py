@@ -95,11 +95,17 @@ def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
                                                     record["name"] in checking)
         if badge:
             badges.append(badge)
+        served = record.get("served_check")
+        served_problem = []
+        if isinstance(served, dict) and served.get("passed") is False:
+            badges.append("served check failed")
+            served_problem.append(f"served check failed: {served.get('reason')}")
         out["adapters"].append(Entry(
             record["name"], "adapter",
             f"rank {meta.get('rank')} · {', '.join(meta.get('targets') or [])} · "
             f"for {record['base']}", badged(record["name"], badges),
-            "; ".join([*problems.get(record["name"], []), *signature_problem]) or None))
+            "; ".join([*problems.get(record["name"], []), *signature_problem,
+                       *served_problem]) or None))
     for record in data["variants"].values():
         parts = " + ".join(f"{a['name']}@{a['scale']:g}" for a in record["adapters"])
         problem = None

@@ -12,7 +12,7 @@ import pytest
 
 from engine.errors import RefusedError
 from engine.formats import architecture, capabilities, gguf_file, naming
-from engine.formats.gguf_file import GgufHeader, TensorInfo
+from engine.formats.gguf_file import GgufArray, GgufHeader, TensorInfo
 from engine.formats.safeio import FileStat
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,6 +102,11 @@ def test_each_family_reads_its_own_conventions() -> None:
     two = architecture.describe(header("gemma3", meta={
         "gemma3.attention.sliding_window": 8, "gemma3.attention.sliding_window_pattern": 2}))
     assert two.swa_layers == (True, False)
+    # The per-layer form (what llama.cpp's converter writes for newer Gemmas) wins.
+    flags = architecture.describe(header("gemma3", layers=3, meta={
+        "gemma3.attention.sliding_window": 8,
+        "gemma3.attention.sliding_window_pattern": GgufArray("bool", 3, (False, True, True))}))
+    assert flags.swa_layers == (False, True, True)
 
     phi3 = architecture.describe(header("phi3"))
     assert phi3.layer_roles() == ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
@@ -160,7 +165,8 @@ def test_capabilities_say_what_each_feature_does_with_a_file_and_why_not() -> No
     assert gemma[capabilities.TRAIN].ok and gemma[capabilities.SERVE_LLAMA].ok
     yarn = table(header("qwen2", meta={"qwen2.rope.scaling.type": "yarn",
                                        "qwen2.rope.scaling.factor": 4.0}))
-    assert not yarn[capabilities.TRAIN].ok and "yarn RoPE scaling" in yarn[capabilities.TRAIN].reason
+    assert not yarn[capabilities.TRAIN].ok
+    assert "yarn RoPE scaling" in yarn[capabilities.TRAIN].reason
     kquant = table(header("qwen3", types={"blk.0.attn_q.weight": "Q4_K"}))
     assert kquant[capabilities.TRAIN].ok and not kquant[capabilities.TRAIN_SERVED].ok
     assert "blk.0.attn_q.weight is Q4_K" in kquant[capabilities.TRAIN_SERVED].reason

@@ -282,3 +282,32 @@ def test_changed_base_is_reported_not_served(studio_home: Path, tmp_path: Path,
     assert model["status"] == "changed" and "changed on disk" in model["problem"]
     code, _, err = run(capsys, "adapter", "add", "x", "--base", "mine", "--file", str(copy))
     assert code == 3 and "changed on disk" in err
+
+
+def test_an_adapter_that_failed_its_served_check_is_marked_everywhere(
+        studio_home: Path, tmp_path: Path, base_info: BaseModelInfo,
+        capsys: pytest.CaptureFixture) -> None:
+    """A training run whose served check fell short imports its adapter marked
+    (`served_check` on the record: engine.training.job.import_run); list, show and the
+    library's entry all say so, with the reason."""
+    from engine.catalog import imports
+    from gui.library import snapshot
+
+    setup.first_run(Catalog())
+    reason = "the trainer and llama.cpp agree on the next token 81.6% of the time, under 93%"
+    for name, passed in (("weak", False), ("fine", True)):
+        imports.add_adapter(Catalog(), name, BASE, f.write_gguf_lora(tmp_path / f"{name}.gguf",
+                                                                     base_info),
+                            extra={"served_check": {"passed": passed,
+                                                    "reason": "" if passed else reason}})
+    code, out, _ = run(capsys, "list")
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    assert code == 0 and "served check failed" in lines["weak"]
+    assert "served check" not in lines["fine"]
+    checks = {c["name"]: c for c in run_json(capsys, "show", "weak")["checks"]}
+    assert checks["served check"]["status"] == "fail"
+    assert checks["served check"]["detail"] == reason
+    assert run_json(capsys, "show", "fine")["served_check"]["passed"] is True
+    entries = {e.name: e for e in snapshot(Catalog())["adapters"]}
+    assert "served check failed" in entries["weak"].badges and reason in entries["weak"].problem
+    assert "served check failed" not in entries["fine"].badges and entries["fine"].problem is None

@@ -49,7 +49,8 @@ def list_entries(catalog: Catalog, pending: Pending = ()) -> dict[str, list[dict
 
 def _public(record: dict[str, Any]) -> dict[str, Any]:
     keys = ("name", "kind", "backend", "format", "sha256", "path", "curated", "source",
-            "installed_at", "size", "base", "verified", "default_scale", "download")
+            "installed_at", "size", "base", "verified", "default_scale", "download",
+            "served_check")
     return {k: record[k] for k in keys if k in record}
 
 
@@ -140,6 +141,12 @@ def show_entry(catalog: Catalog, name: str, pending: Pending = ()) -> dict[str, 
         out["signature"], row = _signature_row(catalog, name)
         if row is not None:
             out["checks"].append(row)
+        served = record.get("served_check")
+        if isinstance(served, dict):  # the training run's check of it as llama.cpp serves it
+            out["checks"].append({"name": "served check",
+                                  "status": "pass" if served.get("passed") else "fail",
+                                  "detail": served.get("reason") or
+                                  "the trainer and llama.cpp agree, and drift is small"})
         out["files"] = adapter_files(catalog, name)
         for backend, item in out["files"].items():
             if item.get("cross_check"):  # the last parity run's findings, warnings included

@@ -172,8 +172,11 @@ def cmd_list(catalog: Catalog, args: argparse.Namespace) -> int:
     print("Adapters")
     for a in listing["adapters"]:
         flag = "curated" if a["curated"] else "user"
+        served = a.get("served_check")
+        failed = ("  ✗ served check failed" if isinstance(served, dict)
+                  and served.get("passed") is False else "")
         print(f"  {a['name']:<32} {a['backend']:<9} {flag:<8} {a['sha256'][:12]}  "
-              f"base {a['base']}")
+              f"base {a['base']}{failed}")
     print("Variants")
     for v in listing["variants"]:
         parts = " + ".join(f"{a['name']}@{a['scale']:g}" for a in v["adapters"])

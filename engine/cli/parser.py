@@ -11,6 +11,7 @@ from engine import __version__
 from engine.catalog.identity import OPENVINO_PROFILES
 from engine.catalog.store import BACKENDS
 from engine.errors import UsageError
+from engine.formats import architecture
 
 BACKEND_HELP = "llama (llama.cpp, GGUF) or openvino (OpenVINO, PEFT)"
 PROFILE_HELP = ("the OpenVINO profile of the OpenVINO default (docs/formats.md, \"Profiles\"): "
@@ -434,4 +435,4 @@ def _lora_flags(command: argparse.ArgumentParser) -> None:
                          help="LoRA alpha (the multiplier is alpha/rank)")
     command.add_argument("--lr", type=float, help="learning rate")
     command.add_argument("--targets", help="projections to adapt, e.g. q,v (default: the "
-                         "base family's, q,v; qkv for Phi-3)")
+                         "base family's: " + architecture.default_targets_text() + ")")

@@ -477,12 +477,19 @@ def describe(header: Any) -> Model:
     if fam.swa_pattern and window:
         pattern_key = f"{fam.name}.attention.sliding_window_pattern"
         pattern = header.metadata.get(pattern_key, fam.swa_pattern)
-        if not isinstance(pattern, int) or isinstance(pattern, bool) or pattern < 0:
-            raise RefusedError(f"{name}: {pattern_key} is not one number; per-layer "
-                               "sliding-window patterns are not described")
         swa_window = window
-        # llama.cpp's set_swa_pattern: every `pattern`-th layer is global, the others slide.
-        swa_layers = tuple(pattern == 0 or (i % pattern < pattern - 1) for i in range(n_layer))
+        values = getattr(pattern, "values", None)  # a gguf_file.GgufArray
+        if values is not None and len(values) == n_layer and all(
+                isinstance(v, bool) for v in values):
+            # llama.cpp reads the per-layer form first: true where the layer slides.
+            swa_layers = tuple(values)
+        elif isinstance(pattern, int) and not isinstance(pattern, bool) and pattern >= 0:
+            # set_swa_pattern: every `pattern`-th layer is global, the others slide.
+            swa_layers = tuple(pattern == 0 or (i % pattern < pattern - 1)
+                               for i in range(n_layer))
+        else:
+            raise RefusedError(f"{name}: {pattern_key} is neither one number nor one "
+                               f"flag per layer ({n_layer})")
     swa_base = real("rope.freq_base_swa", fam.swa_rope_base_default or rope.base)
     # Gemma 2 slides with the global base and scale; Gemma 3 with its own base, unscaled.
     swa_factor = rope.factor if fam.swa_rope_base_default is None else 1.0
@@ -535,3 +542,15 @@ def _check_tensors(model: Model, header: Any) -> None:
         if found != shape:
             raise RefusedError(f"{name}: {tensor} has shape {list(found)}, the metadata "
                                f"says {list(shape)}")
+
+
+def default_targets_text() -> str:
+    """Each family's default LoRA targets in `--targets` spelling, for help texts
+    ("q,v for llama, qwen2, ...; qkv for phi3")."""
+    from engine.formats.naming import short_name
+
+    groups: dict[str, list[str]] = {}
+    for fam in FAMILIES.values():
+        spelled = ",".join(short_name(t) for t in fam.default_targets)
+        groups.setdefault(spelled, []).append(fam.name)
+    return "; ".join(f"{targets} for {', '.join(names)}" for targets, names in groups.items())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import RefusedError
-from engine.formats import architecture
+from engine.formats import architecture, hf_export, lora_io
 from engine.formats.architecture import Model
 from engine.formats.safeio import printable
 
@@ -34,22 +34,21 @@ EXPORT_OVMS = "export for OpenVINO Model Server"
 NAMES = (SERVE_LLAMA, SERVE_OPENVINO, TRAIN, TRAIN_SERVED, MERGE, CONVERT,
          EXPORT_LLAMA_SERVER, EXPORT_VLLM, EXPORT_OVMS)
 
-# The RoPE scalings each feature reproduces exactly as llama.cpp computes them (Llama 3's
-# frequency factors are a tensor, not a scaling type: every feature below applies them).
-ROPE_SCALINGS = {
-    TRAIN: ("none", "linear"),
-    SERVE_OPENVINO: ("none", "linear"),
-    EXPORT_VLLM: ("none", "linear"),
-    EXPORT_OVMS: ("none", "linear"),
-}
-# The activation arithmetic llama.cpp's CPU backend uses before a product with a weight
-# of each type (ggml-cpu.c `type_traits_cpu[type].vec_dot_type`), for the types the
-# trainer's served numerics simulate (engine/training/served_math.py).
-SERVED_ACTIVATIONS = {"F32": "F32", "F16": "F16", "Q8_0": "Q8_0", "Q4_0": "Q8_0",
-                      "Q5_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1"}
-# Tokenizers the Hugging Face export writes: llama.cpp's GPT-2-style BPE with one of these
-# pre-tokenizers (engine/formats/hf_export.py `PRE_TOKENIZERS`).
-EXPORT_TOKENIZER_MODEL = "gpt2"
+# The RoPE scalings OpenVINO reproduces exactly as llama.cpp computes them (our builder
+# writes llama.cpp's rotary table, Llama 3's frequency factors and linear scaling
+# included); the trainer's and the Hugging Face export's limits are below and in
+# `hf_export.model_refusal`.
+OPENVINO_ROPE_SCALINGS = ("none", "linear")
+# The trainer's: RoPE scalings its forward pass reproduces (Llama 3's frequency factors
+# are a tensor, applied whatever the scaling type), and LongRoPE's factor tensors
+# (llama.cpp LLM_TENSOR_ROPE_FACTORS_LONG / _SHORT), which it does not.
+TRAIN_ROPE_SCALINGS = ("none", "linear")
+LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+# vec_dot_type per weight type (ggml-cpu.c type_traits_cpu): the activation arithmetic
+# llama.cpp's CPU backend uses before a product with a weight of that type, for the types
+# the trainer's served numerics simulate (engine.training.served_math).
+ACTIVATION_TYPE = {"F32": "F32", "F16": "F16", "Q8_0": "Q8_0", "Q4_0": "Q8_0",
+                   "Q5_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1"}
 
 
 @dataclass(frozen=True)
@@ -64,11 +63,11 @@ class Capability:
         return {"name": self.name, "ok": self.ok, "reason": self.reason}
 
 
-def _rope(model: Model, feature: str, what: str) -> str | None:
-    allowed = ROPE_SCALINGS[feature]
-    if model.rope.scaling not in allowed:
-        return (f"{what} does not reproduce {model.rope.scaling} RoPE scaling (it reproduces "
-                f"{', '.join(allowed)} and Llama 3's frequency factors)")
+def _openvino_rope(model: Model) -> str | None:
+    if model.rope.scaling not in OPENVINO_ROPE_SCALINGS:
+        return (f"OpenVINO does not reproduce {model.rope.scaling} RoPE scaling (it "
+                f"reproduces {', '.join(OPENVINO_ROPE_SCALINGS)} and Llama 3's frequency "
+                "factors)")
     return None
 
 
@@ -90,29 +89,56 @@ def _openvino_layout(model: Model) -> str | None:
     return None
 
 
-def _served_types(model: Model, header: Any) -> str | None:
-    """Why served numerics cannot run on this file's weight types (None: they can)."""
-    matrices = [t for t in model.required_tensors() if t.endswith(".weight")
-                and len(header.tensors[t].shape) == 2 and t != "token_embd.weight"]
-    if model.tied_output:
-        matrices.append("token_embd.weight")  # multiplied as the output matrix
-    for tensor in matrices:
-        kind = header.tensors[tensor].type_name
-        if kind not in SERVED_ACTIVATIONS:
-            return (f"served numerics simulate {', '.join(SERVED_ACTIVATIONS)} weights; "
-                    f"{tensor} is {kind} (train with --numerics float)")
+def trainer_refusal(model: Model, header: Any) -> str | None:
+    """Why the trainer cannot compute this file as llama.cpp does (None: it can)."""
+    if model.rope.scaling not in TRAIN_ROPE_SCALINGS:
+        return (f"the trainer does not reproduce {model.rope.scaling} RoPE scaling (it "
+                f"reproduces {', '.join(TRAIN_ROPE_SCALINGS)} and Llama 3's frequency "
+                "factors)")
+    longrope = [t for t in LONGROPE_TENSORS if t in header.tensors]
+    if longrope:
+        return (f"the file has LongRoPE factors ({', '.join(longrope)}), which llama.cpp "
+                "chooses by the serving context's length; the trainer does not reproduce "
+                "LongRoPE")
+    key = f"{model.name}.rope.scaling.attn_factor"
+    attn_factor = header.metadata.get(key, 1.0)
+    if not isinstance(attn_factor, int | float) or float(attn_factor) != 1.0:
+        shown = f"{float(attn_factor):g}" if isinstance(attn_factor, int | float) \
+            else repr(attn_factor)
+        return (f"{key} is {shown}: llama.cpp scales every RoPE cos and sin by it, which "
+                "the trainer does not reproduce")
+    unread = unread_tensors(model, header)
+    if unread:
+        more = f" (and {len(unread) - 3} more)" if len(unread) > 3 else ""
+        return (f"the file has tensors the {model.family.title} description does not read "
+                f"({', '.join(unread[:3])}{more}); llama.cpp would compute with them")
     return None
 
 
-def _tokenizer(header: Any) -> str | None:
-    from engine.formats.hf_export import PRE_TOKENIZERS
+def unread_tensors(model: Model, header: Any) -> list[str]:
+    """Tensors of the file that the forward pass would not use, in file order."""
+    used = set(model.required_tensors())
+    if model.family.always_tied:
+        used.add("output.weight")  # ignored by llama.cpp too (Gemma 2)
+    return [name for name in header.tensors if name not in used]
 
-    model = header.get("tokenizer.ggml.model")
-    pre = header.get("tokenizer.ggml.pre", "default")
-    if model != EXPORT_TOKENIZER_MODEL or pre not in PRE_TOKENIZERS:
-        return (f"the Hugging Face export writes GPT-2-style BPE tokenizers with the "
-                f"{', '.join(sorted(PRE_TOKENIZERS))} pre-tokenizers; this file's is "
-                f"{printable(str(model))}/{printable(str(pre))}")
+
+def matrix_types(model: Model, header: Any) -> dict[str, str]:
+    """The stored type of every matrix the forward pass multiplies with, by the name it
+    is multiplied under ("output.weight" is token_embd's type when tied)."""
+    types = {name: header.tensors[name].type_name for name in model.required_tensors()
+             if name.startswith("blk.") and len(header.tensors[name].shape) == 2}
+    output = "token_embd.weight" if model.tied_output else "output.weight"
+    types["output.weight"] = header.tensors[output].type_name
+    return types
+
+
+def served_refusal(model: Model, header: Any) -> str | None:
+    """Why served numerics cannot run on this file's weight types (None: they can)."""
+    for name, kind in matrix_types(model, header).items():
+        if kind not in ACTIVATION_TYPE:
+            return (f"served numerics are implemented for {', '.join(ACTIVATION_TYPE)} "
+                    f"weights; {name} is {kind}: train with --numerics float")
     return None
 
 
@@ -130,15 +156,15 @@ def for_header(header: Any) -> tuple[Capability, ...]:
         for name in (SERVE_OPENVINO, TRAIN, TRAIN_SERVED, CONVERT, EXPORT_VLLM, EXPORT_OVMS):
             reasons[name] = problem
     else:
-        openvino = (model.family.openvino_refusal or _rope(model, SERVE_OPENVINO, "OpenVINO")
+        openvino = (model.family.openvino_refusal or _openvino_rope(model)
                     or _openvino_layout(model))
         reasons[SERVE_OPENVINO] = openvino
         reasons[EXPORT_OVMS] = openvino
-        reasons[TRAIN] = _rope(model, TRAIN, "the trainer")
-        reasons[TRAIN_SERVED] = reasons[TRAIN] or _served_types(model, header)
-        reasons[CONVERT] = None
-        reasons[EXPORT_VLLM] = _rope(model, EXPORT_VLLM, "the Hugging Face export") or \
-            _tokenizer(header)
+        reasons[TRAIN] = trainer_refusal(model, header)
+        reasons[TRAIN_SERVED] = reasons[TRAIN] or served_refusal(model, header)
+        reasons[CONVERT] = lora_io.layout_refusal(model)
+        reasons[EXPORT_VLLM] = (hf_export.model_refusal(model)
+                                or hf_export.tokenizer_refusal(header))
     what = {
         SERVE_LLAMA: f"llama.cpp reads {arch} files",
         SERVE_OPENVINO: "a named OpenVINO IR built from this file: PEFT adapters attach",

@@ -33,7 +33,7 @@ import numpy as np
 
 from engine.errors import InspectionError, RefusedError
 from engine.formats import architecture, gguf_file, naming, safetensors_file
-from engine.formats.architecture import Family
+from engine.formats.architecture import ATTN_QKV, Family
 from engine.formats.safeio import printable
 from engine.state.statefile import write_json_atomic
 
@@ -294,6 +294,16 @@ def _convert(weights: LoraWeights, base: BaseLayout,
         layers[module] = (a, b)
     return LoraWeights(weights.alpha, weights.rank, layers, family.name,
                        weights.base_name, weights.base_sha256)
+
+
+def layout_refusal(model: BaseLayout) -> str | None:
+    """Why adapters of this base cannot move between GGUF and PEFT (None: they can): a
+    file that fuses q, k and v where its family's Hugging Face layout has them apart."""
+    family = model.family
+    if getattr(model, "fused_qkv", False) and ATTN_QKV not in family.projection_roles:
+        return (f"the file fuses q, k and v (attn_qkv); {family.hf_class}'s PEFT adapters "
+                "target q, k and v apart, so its attention adapters have no counterpart")
+    return None
 
 
 def _family_role(module: str, family: Family) -> str:

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.formats import architecture, gguf_file, naming
+from engine.formats import architecture, capabilities, gguf_file, naming
 from engine.formats.architecture import (
     ATTN_K,
     ATTN_K_NORM,
@@ -103,7 +103,7 @@ class DecoderTorch(torch.nn.Module):
         self.frozen.setdefault("output.weight", self.frozen["token_embd.weight"])
         # The stored type of every matrix that is multiplied (the output is token_embd
         # when tied), and the block mins of those whose products add a min term (Q4_1).
-        self.types: dict[str, str] = support.matrix_types(m, header)
+        self.types: dict[str, str] = capabilities.matrix_types(m, header)
         self.mins: dict[str, torch.Tensor] = {}
         for used, kind in self.types.items():
             stored = "token_embd.weight" if used == "output.weight" and m.tied_output \

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from engine.errors import RefusedError
-from engine.training.support import ACTIVATION_TYPE
+from engine.formats.capabilities import ACTIVATION_TYPE
 
 NUMERICS = ("served", "float")
 BLOCK = 32  # QK8_0 == QK8_1 == QK4_1 == 32

@@ -28,76 +28,14 @@ from typing import Any
 from engine.errors import RefusedError, UsageError
 from engine.formats import architecture, gguf_file, naming
 from engine.formats.architecture import ATTN_K, ATTN_Q, ATTN_QKV, ATTN_V, Model
-
-# RoPE scalings the forward pass reproduces (Llama 3's frequency factors are a tensor,
-# applied whatever the scaling type).
-ROPE_SCALINGS = ("none", "linear")
-# LongRoPE's factor tensors (llama.cpp LLM_TENSOR_ROPE_FACTORS_LONG / _SHORT).
-LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
-# vec_dot_type per weight type (ggml-cpu.c type_traits_cpu): the activation arithmetic
-# llama.cpp's CPU backend uses before a product with a weight of that type, for the types
-# served numerics simulate (engine.training.served_math).
-ACTIVATION_TYPE = {"F32": "F32", "F16": "F16", "Q8_0": "Q8_0", "Q4_0": "Q8_0",
-                   "Q5_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1"}
-
-
-def refusal(model: Model, header: Any) -> str | None:
-    """Why the trainer cannot compute this file as llama.cpp does (None: it can)."""
-    if model.rope.scaling not in ROPE_SCALINGS:
-        return (f"the trainer does not reproduce {model.rope.scaling} RoPE scaling (it "
-                f"reproduces {', '.join(ROPE_SCALINGS)} and Llama 3's frequency factors)")
-    longrope = [t for t in LONGROPE_TENSORS if t in header.tensors]
-    if longrope:
-        return (f"the file has LongRoPE factors ({', '.join(longrope)}), which llama.cpp "
-                "chooses by the serving context's length; the trainer does not reproduce "
-                "LongRoPE")
-    key = f"{model.name}.rope.scaling.attn_factor"
-    attn_factor = header.metadata.get(key, 1.0)
-    if not isinstance(attn_factor, int | float) or float(attn_factor) != 1.0:
-        shown = f"{float(attn_factor):g}" if isinstance(attn_factor, int | float) \
-            else repr(attn_factor)
-        return (f"{key} is {shown}: llama.cpp scales every RoPE cos and sin by it, which "
-                "the trainer does not reproduce")
-    unread = unread_tensors(model, header)
-    if unread:
-        more = f" (and {len(unread) - 3} more)" if len(unread) > 3 else ""
-        return (f"the file has tensors the {model.family.title} description does not read "
-                f"({', '.join(unread[:3])}{more}); llama.cpp would compute with them")
-    return None
-
-
-def unread_tensors(model: Model, header: Any) -> list[str]:
-    """Tensors of the file that the forward pass would not use, in file order."""
-    used = set(model.required_tensors())
-    if model.family.always_tied:
-        used.add("output.weight")  # ignored by llama.cpp too (Gemma 2)
-    return [name for name in header.tensors if name not in used]
-
-
-def served_refusal(model: Model, header: Any) -> str | None:
-    """Why served numerics cannot run on this file's weight types (None: they can)."""
-    for name, kind in matrix_types(model, header).items():
-        if kind not in ACTIVATION_TYPE:
-            return (f"served numerics are implemented for {', '.join(ACTIVATION_TYPE)} "
-                    f"weights; {name} is {kind}: train with --numerics float")
-    return None
-
-
-def matrix_types(model: Model, header: Any) -> dict[str, str]:
-    """The stored type of every matrix the forward pass multiplies with, by the name it
-    is multiplied under ("output.weight" is token_embd's type when tied)."""
-    types = {name: header.tensors[name].type_name for name in model.required_tensors()
-             if name.startswith("blk.") and len(header.tensors[name].shape) == 2}
-    output = "token_embd.weight" if model.tied_output else "output.weight"
-    types["output.weight"] = header.tensors[output].type_name
-    return types
+from engine.formats.capabilities import served_refusal, trainer_refusal
 
 
 def describe(header: Any, numerics: str | None = None) -> Model:
     """The file's description, or a refusal naming the file and the reason the trainer
     (with `numerics`, when given) cannot compute it."""
     model = architecture.describe(header)
-    reason = refusal(model, header)
+    reason = trainer_refusal(model, header)
     if reason is None and numerics == "served":
         reason = served_refusal(model, header)
     if reason is not None:

@@ -32,6 +32,7 @@ from typing import Any
 from engine import __version__
 from engine.catalog.store import Catalog, now_iso
 from engine.errors import RefusedError, UsageError
+from engine.formats import capabilities, gguf_file
 from engine.formats.safeio import printable
 from engine.runtime import merge_job
 from engine.serve.export import llama_server, ovms, vllm
@@ -47,6 +48,9 @@ from engine.serve.export.common import (
 )
 
 TARGETS = {llama_server.TARGET: llama_server, vllm.TARGET: vllm, ovms.TARGET: ovms}
+# What each target needs of the base (formats.capabilities): asked before anything is read.
+CAPABILITY = {llama_server.TARGET: capabilities.EXPORT_LLAMA_SERVER,
+              vllm.TARGET: capabilities.EXPORT_VLLM, ovms.TARGET: capabilities.EXPORT_OVMS}
 
 
 def export_variant(catalog: Catalog, name: str, target: str, out: Path,
@@ -68,6 +72,7 @@ def export_variant(catalog: Catalog, name: str, target: str, out: Path,
     out = Path(out).expanduser().absolute()
     check_destination(out, name)
     plan = make_plan(catalog, name)
+    capabilities.require(gguf_file.read_header(Path(plan.base_path)), CAPABILITY[target])
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the export from its team
