@@ -4,7 +4,9 @@ The trainer's forward pass (`engine.training.model.DecoderTorch`) is one decoder
 architecture description (`engine.formats.architecture`): every family the description
 knows, in float and in served numerics. What it does not reproduce is refused here, with
 the exact reason, both when a request is checked (`job.prepare`, in the CLI or the
-window, before a process starts) and when the worker loads the weights:
+window, before a process starts) and when the worker loads the weights; the reasons are
+the capability table's (`engine.formats.capabilities`: `trainer_refusal`,
+`served_refusal`), so `show` gives the same one:
 
 - RoPE scalings other than none and linear (YaRN, LongRoPE), and the two things a file can
   use to scale RoPE without declaring a scaling type: `rope.scaling.attn_factor` (llama.cpp
