@@ -48,7 +48,7 @@ from PySide6.QtWidgets import (
 
 from engine import training
 from engine.errors import StudioError
-from engine.formats import naming
+from engine.formats import architecture
 from engine.training.config import TrainConfig
 from engine.training.job import TrainRequest
 from engine.training.rl import TRAIN_KEYS, PreparedRL, RLRequest, RLSettings
@@ -167,8 +167,10 @@ class TrainPage(QWidget):
         self.alpha = QDoubleSpinBox()
         self.alpha.setRange(0.01, 10_000)
         self.alpha.setValue(defaults.alpha)
-        self.targets = QLineEdit(",".join(short for short, role in naming.SHORT_ROLES.items()
-                                          if role in defaults.targets))
+        # Empty: the base family's default targets (job.prepare picks them).
+        self.targets = QLineEdit()
+        self.targets.setPlaceholderText("the family's default: "
+                                        + architecture.default_targets_text())
         self.seq_len = _spin(8, 32768, defaults.seq_len)
         self.batch = _spin(1, 4096, defaults.batch)
         self.seed = _spin(0, 2**31 - 1, defaults.seed)

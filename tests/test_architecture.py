@@ -118,6 +118,10 @@ def test_rope_scaling_is_read_as_llama_cpp_reads_it() -> None:
     # A factor without a type is linear (llama.cpp's default type).
     linear = architecture.describe(header("llama", meta={"llama.rope.scaling.factor": 4.0}))
     assert (linear.rope.scaling, linear.rope.factor) == ("linear", 4.0)
+    # An explicit "none" never scales, whatever factor the file also gives.
+    unscaled = architecture.describe(header("llama", meta={
+        "llama.rope.scaling.type": "none", "llama.rope.scaling.factor": 4.0}))
+    assert (unscaled.rope.scaling, unscaled.rope.factor) == ("none", 1.0)
     yarn = architecture.describe(header("qwen2", meta={
         "qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0,
         "qwen2.rope.scaling.original_context_length": 32768}))

@@ -457,10 +457,12 @@ def describe(header: Any) -> Model:
         raise RefusedError(f"{name}: token_embd.weight is missing or not {n_embd} wide")
     n_ctx_train = integer("context_length", 4096) or 4096
 
-    scaling = text("rope.scaling.type", "none")
+    # llama.cpp: a missing type is "linear" (a factor alone scales); an explicit "none"
+    # never scales, whatever factor the file also gives (llama-context.cpp).
     factor = real("rope.scaling.factor", 0.0) or real("rope.scale_linear", 0.0) or 1.0
-    if scaling == "none" and factor != 1.0:
-        scaling = "linear"  # llama.cpp's default type when only a factor is given
+    scaling = text("rope.scaling.type", "linear" if factor != 1.0 else "none")
+    if scaling == "none":
+        factor = 1.0
     if scaling not in ("none", "linear", "yarn", "longrope"):
         raise RefusedError(f"{name}: RoPE scaling {printable(scaling)!r} is not described")
     if factor <= 0:
@@ -494,11 +496,10 @@ def describe(header: Any) -> Model:
     # Gemma 2 slides with the global base and scale; Gemma 3 with its own base, unscaled.
     swa_factor = rope.factor if fam.swa_rope_base_default is None else 1.0
 
-    scale = real("attention.scale", 0.0)
-    if not scale:
-        width_rule = (fam.attention_scale_width_layers
-                      and n_layer == fam.attention_scale_width_layers)
-        scale = 1.0 / math.sqrt(n_embd // n_head if width_rule else head_dim)
+    # None of these families' llama.cpp loaders reads {arch}.attention.scale.
+    width_rule = (fam.attention_scale_width_layers
+                  and n_layer == fam.attention_scale_width_layers)
+    scale = 1.0 / math.sqrt(n_embd // n_head if width_rule else head_dim)
     attn_softcap = real("attn_logit_softcapping", 50.0) if fam.attn_softcap else 0.0
     final_softcap = real("final_logit_softcapping", fam.final_softcap_default)
 
