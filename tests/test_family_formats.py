@@ -583,3 +583,67 @@ def test_the_exported_tokenizer_splits_text_as_llama_cpp_does(
            (False, True)]
     assert got == want
     assert vocab.add_bos == (add_bos == "default" and pre == "llama-bpe")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ("qwen3", "gemma2", "gemma3"))
+def test_an_adapter_trained_here_works_in_stock_llama_cpp_and_in_transformers_peft(
+        variant: str, family_files: dict[str, families.FamilyFiles], tmp_path: Path) -> None:
+    """A few training steps on the fixture (float numerics, the family's default
+    targets) give a GGUF adapter that stock llama.cpp loads and a PEFT export (our
+    conversion, on our Hugging Face export of the base) that transformers + peft load, and
+    both change the model the same way: the same shift in log-probabilities at every
+    position, to the export's own precision."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from engine.training import data as data_mod
+    from engine.training import support
+    from engine.training import trainer as trainer_mod
+    from engine.training.config import TrainConfig
+    from engine.training.model import DecoderTorch
+    from engine.training.tokenizer import Tokenizer
+    from tests.factories import sft_data
+
+    files = family_files[variant]
+    base = files.base("F32")
+    described = support.describe_path(base)
+    config = TrainConfig.from_dict({"steps": 4, "batch": 2, "seq_len": 48, "rank": 4,
+                                    "alpha": 8.0, "lr": 5e-2, "numerics": "float",
+                                    "targets": list(support.default_targets(described))})
+    with Tokenizer(base, artifacts_info(base)) as tokenizer:
+        data = data_mod.load(sft_data(tmp_path / "data.jsonl"), tokenizer, 48, False, False,
+                             2, 2)
+    trainer = trainer_mod.Trainer(DecoderTorch(base, numerics="float"), config, data, "sha")
+    for _ in range(config.steps):
+        trainer.train_step()
+    gguf_adapter = tmp_path / "trained.gguf"
+    lora_io.write_gguf(gguf_adapter, trainer.weights("fixture"))
+    peft_folder = tmp_path / "peft"
+    lora_io.write_peft(peft_folder, lora_io.gguf_to_peft(lora_io.read_gguf(gguf_adapter),
+                                                         described))
+    hf_folder = tmp_path / "hf"
+    hf_export.write_base(base, hf_folder)
+
+    ids, (llama_base, llama_variant) = llama_cpp_logprobs([(base, None), (base, gguf_adapter)])
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(hf_folder), dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, str(peft_folder)).eval()
+    hf_variant = hf_logprobs(model, ids)
+    with model.disable_adapter():
+        hf_base = hf_logprobs(model, ids)
+    effect = distance(llama_variant, llama_base)
+    assert effect["max_dlogp"] > 0.05, effect  # the trained adapter changes the model
+    shift_llama, shift_hf = llama_variant - llama_base, hf_variant - hf_base
+    top = np.argsort(-llama_variant, axis=-1)[:, :20]
+    gap = np.abs(np.take_along_axis(shift_llama - shift_hf, top, axis=-1)).max()
+    max_dlogp, _ = LIMITS[variant]
+    print(variant, "effect", effect, "shift gap", gap)
+    assert gap <= 2 * max_dlogp, (gap, effect)
+
+
+def artifacts_info(path: Path) -> Any:
+    from engine.formats import artifacts
+
+    return artifacts.inspect_path(path)
