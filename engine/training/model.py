@@ -23,11 +23,25 @@ llama.cpp's src/models/<family>.cpp and src/llama-graph.cpp compute it:
 - the output norm, the output matrix (token_embd when tied) plus its bias, and the final
   tanh soft-cap (Gemma 2, Gemma 3 when the file says).
 
-The frozen weights are the file's tensors, dequantized in memory with the `gguf` package
-when the model loads (no full-precision copy is ever written). q/k rows stay in the
-file's order and RoPE runs in the mode that order expects, so a LoRA delta trained here is
-in llama.cpp's layout and is written to GGUF unchanged (the PEFT export moves llama's q/k
-B rows back to Hugging Face order).
+The frozen base stays in the file's own blocks (`FrozenWeights`: the memory-mapped GGUF,
+engine.training.quantized): each matrix is dequantized just in time for its product, by
+ggml's own dequantizer (the same float32 bits the `gguf` package gives), and again in the
+backward pass, which needs only the gradient with respect to the input (the base has no
+weight gradient). Autograd's saved copy of a weight is replaced by a handle
+(`saved_tensors_hooks`), so the backward pass is autograd's own, operation for
+operation. Each decoder layer is checkpointed (torch.utils.checkpoint, non-reentrant: the
+autograd graph is the same one, only its saved tensors are recomputed), so what is kept
+for the backward pass is one tensor per layer, not every activation of every layer. The
+output matrix is multiplied in row slices of at most `OUTPUT_SLICE_BYTES` of float32
+(the embedded model's fits in one, as before). Peak memory is the file's mapped pages,
+the LoRA parameters and optimizer state, the checkpoints, and one layer's working set
+(engine.training.memory estimates it). Every number is the same as when the whole base
+was dequantized at load: the products, their order and their shapes are unchanged, and
+the recomputation is deterministic (no RNG in the forward pass).
+
+q/k rows stay in the file's order and RoPE runs in the mode that order expects, so a LoRA
+delta trained here is in llama.cpp's layout and is written to GGUF unchanged (the PEFT
+export moves llama's q/k B rows back to Hugging Face order).
 
 Numerics: "float" multiplies the dequantized weights with float32 activations (the
 trainer before issue 16, kept so older records retrain to their bytes: on a llama file
@@ -47,6 +61,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.utils.checkpoint
 
 from engine.formats import architecture, capabilities, gguf_file, naming
 from engine.formats.architecture import (
@@ -62,8 +77,69 @@ from engine.formats.architecture import (
     NEOX,
 )
 from engine.training import served_math, support
+from engine.training.quantized import QuantizedFile
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (batch, kv heads, seq, dim)
+# The output matrix (vocabulary x n_embd) is multiplied in slices of rows of at most this
+# much float32: an 8B model's is 2.1 GB dequantized. The embedded model's (113 MB) is one
+# slice, so its logits are the very same product as before.
+OUTPUT_SLICE_BYTES = 256 << 20
+
+
+class _Handle:
+    """What autograd keeps of a dequantized weight it saved for the backward pass: the
+    rows of the tensor and the view's geometry, to dequantize it again when needed."""
+
+    __slots__ = ("name", "start", "stop", "size", "stride", "offset")
+
+    def __init__(self, name: str, start: int, stop: int, view: torch.Tensor) -> None:
+        self.name, self.start, self.stop = name, start, stop
+        self.size, self.stride, self.offset = view.size(), view.stride(), view.storage_offset()
+
+
+class FrozenWeights:
+    """The frozen base: 1-D tensors (norms, biases, rope_freqs) resident as float32, every
+    matrix left in the memory-mapped file and dequantized on request."""
+
+    def __init__(self, file: QuantizedFile, names: list[str],
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.file = file
+        self.small: dict[str, torch.Tensor] = {}
+        for done, name in enumerate(names):
+            if len(file.shape(name)) == 1:
+                self.small[name] = torch.from_numpy(file.dequantize(name))
+            if progress:
+                progress(done + 1, len(names))
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.file.shape(name)
+
+    def matrix(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows start..stop-1 of a matrix, float32 (rows, columns), freshly dequantized."""
+        rows, columns = self.file.shape(name)
+        stop = rows if stop is None else stop
+        out = torch.empty(stop - start, columns)
+        self.file.dequantize(name, start, stop, out.numpy())
+        return out
+
+    def rows(self, name: str, ids: torch.Tensor) -> torch.Tensor:
+        """matrix[ids] (ids of any shape): only the rows looked up are dequantized."""
+        columns = self.file.shape(name)[1]
+        out = torch.empty(ids.numel(), columns)
+        self.file.rows(name, ids.reshape(-1).numpy(), out.numpy())
+        return out.view(*ids.shape, columns)
+
+    def mins(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """The block mins of rows start..stop-1 of a Q4_1/Q5_1 matrix (served numerics)."""
+        raw = self.file.raw(name)[start:stop]
+        return served_math.block_mins(raw, self.file.type_name(name), stop - start,
+                                      self.file.shape(name)[1])
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.small or name in self.file.header.tensors
+
+    def close(self) -> None:
+        self.file.close()
 
 
 class Lora(torch.nn.Module):
@@ -81,10 +157,11 @@ def _f32(value: float) -> float:
 
 
 class DecoderTorch(torch.nn.Module):
-    """The frozen base (plain tensors) plus LoRA parameters keyed by module path."""
+    """The frozen base (`FrozenWeights`: the mapped file) plus LoRA parameters keyed by
+    module path."""
 
     def __init__(self, path: Path, progress: Callable[[int, int], None] | None = None,
-                 numerics: str = "served") -> None:
+                 numerics: str = "served", threads: int | None = None) -> None:
         super().__init__()
         served_math.check_numerics(numerics)
         header = gguf_file.read_header(path)
@@ -92,30 +169,18 @@ class DecoderTorch(torch.nn.Module):
         # Refuses, with the reason, a file the trainer cannot compute as llama.cpp does.
         self.arch: architecture.Model = support.describe(header)
         m = self.arch
-        names = m.required_tensors()
-        self.frozen: dict[str, torch.Tensor] = {}
-        for done, name in enumerate(names):
-            array = gguf_file.read_tensor(header, name)
-            self.frozen[name] = torch.from_numpy(np.ascontiguousarray(array, np.float32))
-            if progress:
-                progress(done + 1, len(names))
+        # Dequantization uses the run's threads (torch's, set by the trainer from them).
+        file = QuantizedFile(header, threads or torch.get_num_threads())
+        self.weights = FrozenWeights(file, m.required_tensors(), progress)
         # Tied (no output.weight, or Gemma 2, which ignores one): token_embd multiplies.
-        self.frozen.setdefault("output.weight", self.frozen["token_embd.weight"])
+        self.stored = {"output.weight": "token_embd.weight" if m.tied_output
+                       else "output.weight"}
         # The stored type of every matrix that is multiplied (the output is token_embd
-        # when tied), and the block mins of those whose products add a min term (Q4_1).
+        # when tied); the block mins of those whose products add a min term (Q4_1) are
+        # read from the blocks at each product.
         self.types: dict[str, str] = capabilities.matrix_types(m, header)
-        self.mins: dict[str, torch.Tensor] = {}
-        for used, kind in self.types.items():
-            stored = "token_embd.weight" if used == "output.weight" and m.tied_output \
-                else used
-            if kind in served_math.BLOCK_BYTES:
-                self.mins[used] = served_math.block_mins(
-                    gguf_file.read_tensor_bytes(header, stored), kind,
-                    *self.frozen[stored].shape)
         self.numerics = "float"
         self.set_numerics(numerics)
-        for tensor in self.frozen.values():
-            tensor.requires_grad_(False)
         self.loras = torch.nn.ModuleDict()  # "blk_3_attn_q" -> Lora
         self.active: dict[str, Lora] = {}  # the same, as a plain dict for lookups
         self.lora_scale = 0.0
@@ -151,7 +216,7 @@ class DecoderTorch(torch.nn.Module):
 
     def shape_of(self, module: str) -> tuple[int, int]:
         tensor = naming.module_to_gguf(module)
-        out_f, in_f = self.frozen[tensor].shape
+        out_f, in_f = self.weights.shape(tensor)
         return int(out_f), int(in_f)
 
     def add_lora(self, module: str, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -178,11 +243,45 @@ class DecoderTorch(torch.nn.Module):
     def served(self) -> bool:
         return self.numerics == "served"
 
-    def _matmul(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        if self.served:
-            return served_math.matmul(x, self.frozen[name], self.types[name],
-                                      self.mins.get(name))
-        return x @ self.frozen[name].T
+    def close(self) -> None:
+        """Unmap the file (the model computes nothing afterwards)."""
+        self.weights.close()
+
+    def _matmul(self, x: torch.Tensor, name: str, start: int = 0,
+                stop: int | None = None) -> torch.Tensor:
+        """x @ W.T for rows start..stop-1 of the matrix multiplied as `name`, W
+        dequantized just in time: in float or served numerics, as before.
+
+        Autograd saves W (as W.T, a view) for the input's gradient; the hooks swap it for
+        a `_Handle` and dequantize it again when the backward pass reaches this product,
+        so no dequantized weight outlives its product. They are the innermost hooks (also
+        inside a checkpointed layer), and only W is saved inside them: a product of a
+        weight that needs no gradient saves nothing else.
+        """
+        stored = self.stored.get(name, name)
+        rows = self.weights.shape(stored)[0]
+        stop = rows if stop is None else stop
+        weight = self.weights.matrix(stored, start, stop)
+        pointer = weight.untyped_storage().data_ptr()
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor | _Handle:
+            if tensor.untyped_storage().data_ptr() == pointer:
+                return _Handle(stored, start, stop, tensor)
+            return tensor
+
+        def unpack(saved: torch.Tensor | _Handle) -> torch.Tensor:
+            if isinstance(saved, _Handle):
+                again = self.weights.matrix(saved.name, saved.start, saved.stop)
+                return again.as_strided(saved.size, saved.stride, saved.offset)
+            return saved
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            if self.served:
+                kind = self.types[name]
+                mins = self.weights.mins(stored, start, stop) \
+                    if kind in served_math.BLOCK_BYTES else None
+                return served_math.matmul(x, weight, kind, mins)
+            return x @ weight.T
 
     # ------------------------------------------------------------------ pieces
 
@@ -195,7 +294,7 @@ class DecoderTorch(torch.nn.Module):
             y = y + ((x @ lora.a.T) @ lora.b.T) * self.lora_scale
         # build_qkv / build_attn add a bias after the product and its LoRA delta (f32).
         if role in self.arch.biases:
-            y = y + self.frozen[f"blk.{layer}.{role}.bias"]
+            y = y + self.weights.small[f"blk.{layer}.{role}.bias"]
         return y
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -224,7 +323,7 @@ class DecoderTorch(torch.nn.Module):
         base, factor = m.rope_base_for(layer), m.rope_factor_for(layer)
         if (base, factor) in cache:
             return cache[(base, factor)]
-        factors = self.frozen.get("rope_freqs.weight") if m.rope.freq_factors else None
+        factors = self.weights.small.get("rope_freqs.weight") if m.rope.freq_factors else None
         if self.served:
             # ggml holds freq_scale as the float 1.0f / factor.
             freq_scale = float(np.float32(1.0) / np.float32(factor))
@@ -261,14 +360,16 @@ class DecoderTorch(torch.nn.Module):
         `past` holds a shared prefix's keys and values (batch 1) computed by an earlier
         call with `keep=True`; the tokens then continue that prefix, in every row.
         Returns the hidden states and (with `keep`) this call's keys and values.
+
+        With gradients on, every layer is checkpointed: only its input is kept, and the
+        backward pass computes the layer again (the same numbers) before going through it.
         """
         m = self.arch
-        fam = m.family
         batch, seq = tokens.shape
         start = 0 if past is None else past[0][0].shape[2]
         total = start + seq
-        x = self.frozen["token_embd.weight"][tokens]
-        if fam.embed_scale:
+        x = self.weights.rows("token_embd.weight", tokens)
+        if m.family.embed_scale:
             x = x * self._embed_scale  # ggml_scale(inpL, sqrtf(n_embd))
         angles: dict[tuple[float, float], tuple[torch.Tensor, torch.Tensor]] = {}
         mask = torch.full((seq, total), float("-inf")).triu(start + 1)
@@ -278,80 +379,113 @@ class DecoderTorch(torch.nn.Module):
             # p1 - p0 >= n_swa; the prefix's keys are positions 0..start-1.
             distance = (torch.arange(start, total)[:, None] - torch.arange(total)[None, :])
             swa_mask = mask.masked_fill(distance >= m.swa_window, float("-inf"))
-        group = m.n_head // m.n_head_kv
-        scale = m.attention_scale
         kept: KV = []
         for i in range(m.n_layer):
-            self.check()
-            a = self._rms(x, self.frozen[f"blk.{i}.attn_norm.weight"])
-            if m.fused_qkv:
-                qkv = self._linear(a, i, ATTN_QKV)
-                q, k, v = qkv.split((m.q_width, m.kv_width, m.kv_width), dim=-1)
-                q = q.reshape(batch, seq, m.n_head, m.head_dim)
-                k = k.reshape(batch, seq, m.n_head_kv, m.head_dim)
-                v = v.reshape(batch, seq, m.n_head_kv, m.head_dim)
-            else:
-                q = self._linear(a, i, ATTN_Q).view(batch, seq, m.n_head, m.head_dim)
-                k = self._linear(a, i, ATTN_K).view(batch, seq, m.n_head_kv, m.head_dim)
-                v = self._linear(a, i, ATTN_V).view(batch, seq, m.n_head_kv, m.head_dim)
-            if self._qk_norm:
-                # Qwen3, Gemma 3: RMSNorm over each head's vector, before RoPE.
-                q = self._rms(q, self.frozen[f"blk.{i}.{ATTN_Q_NORM}.weight"])
-                k = self._rms(k, self.frozen[f"blk.{i}.{ATTN_K_NORM}.weight"])
             cos, sin = self._angles(start, total, i, angles)
-            q = self._rope(q.transpose(1, 2), cos, sin)
-            k = self._rope(k.transpose(1, 2), cos, sin)
-            v = v.transpose(1, 2)
-            if fam.scale_q_first:
-                q = q * self._q_scale  # ggml_scale(Qcur, f_attention_scale); kq_scale 1
-            if self.served:
-                # The KV cache is F16; ggml converts q to F16 to multiply it with K.
-                q, k, v = served_math.fp16(q), served_math.fp16(k), served_math.fp16(v)
+            layer_mask = swa_mask if swa_mask is not None and m.is_swa(i) else mask
+            layer_past = None if past is None else past[i]
+            if torch.is_grad_enabled():
+                # Non-reentrant: the autograd graph is the one an unchecked forward pass
+                # records (so gradients are summed in the same order, to the bit); only
+                # its saved tensors are dropped and recomputed. No RNG runs in a layer.
+                x, k, v = torch.utils.checkpoint.checkpoint(
+                    self._layer, i, x, cos, sin, layer_mask, layer_past,
+                    use_reentrant=False, preserve_rng_state=False)
+            else:
+                x, k, v = self._layer(i, x, cos, sin, layer_mask, layer_past)
             if keep:
                 kept.append((k, v))
-            if past is not None:
-                pk, pv = past[i]
-                k = torch.cat((pk.expand(batch, -1, -1, -1), k), dim=2)
-                v = torch.cat((pv.expand(batch, -1, -1, -1), v), dim=2)
-            # Grouped-query attention: query head j uses key/value head j // group.
-            q = q.reshape(batch, m.n_head_kv, group * seq, m.head_dim)
-            scores = q @ k.transpose(-1, -2)
-            if m.attn_softcap:
-                # build_attn_mha: scale by 1/cap, tanh, scale by cap (before the softmax).
-                scores = torch.tanh(scores * self._attn_inv_cap) * self._attn_cap
-            if not fam.scale_q_first:
-                scores = scores * scale  # soft_max_ext's kq_scale
-            layer_mask = swa_mask if swa_mask is not None and m.is_swa(i) else mask
-            scores = scores.view(batch, m.n_head_kv, group, seq, total) + layer_mask
-            probs = torch.softmax(scores, dim=-1).view(batch, m.n_head_kv, group * seq, total)
-            if self.served:
-                probs = served_math.fp16(probs)  # converted to F16 to multiply with V
-            att = (probs @ v).view(batch, m.n_head, seq, m.head_dim)
-            att = att.transpose(1, 2).reshape(batch, seq, m.q_width)
-            out = self._linear(att, i, "attn_output")
-            if self._post_attn_norm:
-                out = self._rms(out, self.frozen[f"blk.{i}.{ATTN_POST_NORM}.weight"])
-            x = x + out
-            f = self._rms(x, self.frozen[f"blk.{i}.ffn_norm.weight"])
-            if fam.fused_gate_up:
-                # Phi-3: ffn_up holds gate and up stacked; ggml_swiglu: silu(first) * second.
-                gate, up = self._linear(f, i, "ffn_up").chunk(2, dim=-1)
-                hidden = torch.nn.functional.silu(gate) * up
-            else:
-                gate = self._linear(f, i, "ffn_gate")
-                gate = (self._gelu(gate) if fam.activation == GELU_TANH
-                        else torch.nn.functional.silu(gate))
-                hidden = gate * self._linear(f, i, "ffn_up")
-            down = self._linear(hidden, i, "ffn_down")
-            if self._post_ffn_norm:
-                down = self._rms(down, self.frozen[f"blk.{i}.{FFN_POST_NORM}.weight"])
-            x = x + down
-        return self._rms(x, self.frozen["output_norm.weight"]), kept
+        return self._rms(x, self.weights.small["output_norm.weight"]), kept
+
+    def _layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               mask: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer `i` on x (batch, seq, n_embd): the new x and this call's keys and values
+        (as the F16 cache holds them in served numerics), before any `past` is joined."""
+        self.check()  # also while the backward pass recomputes the layer
+        m = self.arch
+        fam = m.family
+        small = self.weights.small
+        batch, seq, _ = x.shape
+        total = mask.shape[-1]
+        group = m.n_head // m.n_head_kv
+        a = self._rms(x, small[f"blk.{i}.attn_norm.weight"])
+        if m.fused_qkv:
+            qkv = self._linear(a, i, ATTN_QKV)
+            q, k, v = qkv.split((m.q_width, m.kv_width, m.kv_width), dim=-1)
+            q = q.reshape(batch, seq, m.n_head, m.head_dim)
+            k = k.reshape(batch, seq, m.n_head_kv, m.head_dim)
+            v = v.reshape(batch, seq, m.n_head_kv, m.head_dim)
+        else:
+            q = self._linear(a, i, ATTN_Q).view(batch, seq, m.n_head, m.head_dim)
+            k = self._linear(a, i, ATTN_K).view(batch, seq, m.n_head_kv, m.head_dim)
+            v = self._linear(a, i, ATTN_V).view(batch, seq, m.n_head_kv, m.head_dim)
+        if self._qk_norm:
+            # Qwen3, Gemma 3: RMSNorm over each head's vector, before RoPE.
+            q = self._rms(q, small[f"blk.{i}.{ATTN_Q_NORM}.weight"])
+            k = self._rms(k, small[f"blk.{i}.{ATTN_K_NORM}.weight"])
+        q = self._rope(q.transpose(1, 2), cos, sin)
+        k = self._rope(k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+        if fam.scale_q_first:
+            q = q * self._q_scale  # ggml_scale(Qcur, f_attention_scale); kq_scale 1
+        if self.served:
+            # The KV cache is F16; ggml converts q to F16 to multiply it with K.
+            q, k, v = served_math.fp16(q), served_math.fp16(k), served_math.fp16(v)
+        own_k, own_v = k, v
+        if past is not None:
+            pk, pv = past
+            k = torch.cat((pk.expand(batch, -1, -1, -1), k), dim=2)
+            v = torch.cat((pv.expand(batch, -1, -1, -1), v), dim=2)
+        # Grouped-query attention: query head j uses key/value head j // group.
+        q = q.reshape(batch, m.n_head_kv, group * seq, m.head_dim)
+        scores = q @ k.transpose(-1, -2)
+        if m.attn_softcap:
+            # build_attn_mha: scale by 1/cap, tanh, scale by cap (before the softmax).
+            scores = torch.tanh(scores * self._attn_inv_cap) * self._attn_cap
+        if not fam.scale_q_first:
+            scores = scores * m.attention_scale  # soft_max_ext's kq_scale
+        scores = scores.view(batch, m.n_head_kv, group, seq, total) + mask
+        probs = torch.softmax(scores, dim=-1).view(batch, m.n_head_kv, group * seq, total)
+        if self.served:
+            probs = served_math.fp16(probs)  # converted to F16 to multiply with V
+        att = (probs @ v).view(batch, m.n_head, seq, m.head_dim)
+        att = att.transpose(1, 2).reshape(batch, seq, m.q_width)
+        out = self._linear(att, i, "attn_output")
+        if self._post_attn_norm:
+            out = self._rms(out, small[f"blk.{i}.{ATTN_POST_NORM}.weight"])
+        x = x + out
+        f = self._rms(x, small[f"blk.{i}.ffn_norm.weight"])
+        if fam.fused_gate_up:
+            # Phi-3: ffn_up holds gate and up stacked; ggml_swiglu: silu(first) * second.
+            gate, up = self._linear(f, i, "ffn_up").chunk(2, dim=-1)
+            hidden = torch.nn.functional.silu(gate) * up
+        else:
+            gate = self._linear(f, i, "ffn_gate")
+            gate = (self._gelu(gate) if fam.activation == GELU_TANH
+                    else torch.nn.functional.silu(gate))
+            hidden = gate * self._linear(f, i, "ffn_up")
+        down = self._linear(hidden, i, "ffn_down")
+        if self._post_ffn_norm:
+            down = self._rms(down, small[f"blk.{i}.{FFN_POST_NORM}.weight"])
+        return x + down, own_k, own_v
+
+    def output_slices(self) -> list[tuple[int, int]]:
+        """Row ranges of the output matrix multiplied one at a time (one when it fits in
+        `OUTPUT_SLICE_BYTES` of float32)."""
+        rows, columns = self.weights.shape(self.stored["output.weight"])
+        step = max(1, OUTPUT_SLICE_BYTES // (4 * columns))
+        return [(a, min(a + step, rows)) for a in range(0, rows, step)]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        y = self._matmul(hidden, "output.weight")
+        slices = self.output_slices()
+        if len(slices) == 1:
+            y = self._matmul(hidden, "output.weight")
+        else:
+            y = torch.cat([self._matmul(hidden, "output.weight", a, b) for a, b in slices],
+                          dim=-1)
         if self.arch.output_bias:
-            y = y + self.frozen["output.bias"]
+            y = y + self.weights.small["output.bias"]
         if self.arch.final_softcap:
             y = torch.tanh(y * self._final_inv_cap) * self._final_cap
         return y
