@@ -171,9 +171,12 @@ def test_capabilities_say_what_each_feature_does_with_a_file_and_why_not() -> No
                                        "qwen2.rope.scaling.factor": 4.0}))
     assert not yarn[capabilities.TRAIN].ok
     assert "yarn RoPE scaling" in yarn[capabilities.TRAIN].reason
-    kquant = table(header("qwen3", types={"blk.0.attn_q.weight": "Q4_K"}))
-    assert kquant[capabilities.TRAIN].ok and not kquant[capabilities.TRAIN_SERVED].ok
-    assert "blk.0.attn_q.weight is Q4_K" in kquant[capabilities.TRAIN_SERVED].reason
+    kquant = table(header("qwen3", types={"blk.0.attn_q.weight": "Q4_K",
+                                          "output.weight": "Q6_K"}))
+    assert kquant[capabilities.TRAIN].ok and kquant[capabilities.TRAIN_SERVED].ok
+    bf16 = table(header("qwen3", types={"blk.0.attn_q.weight": "BF16"}))
+    assert bf16[capabilities.TRAIN].ok and not bf16[capabilities.TRAIN_SERVED].ok
+    assert "blk.0.attn_q.weight is BF16" in bf16[capabilities.TRAIN_SERVED].reason
     unknown = header("llama", meta={"general.architecture": "mamba"})
     found = table(unknown)
     assert [n for n, c in found.items() if c.ok] == [

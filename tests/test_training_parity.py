@@ -87,13 +87,105 @@ def test_a_q4_1_product_adds_the_min_term_as_ggml_does() -> None:
     assert (x @ w.T - expected).abs().max() > 1e-3 * expected.abs().max()
 
 
+def _activations(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
+    """Activation-like rows: normal values at scales spread over four decades, a few
+    outliers (as RMSNorm'd hidden states have), one all-zero block of 256, a block whose
+    largest magnitude is negative, and one where +M and -M tie."""
+    x = rng.standard_normal((rows, cols)) * np.exp(rng.uniform(-4, 4, (rows, 1)))
+    x[:, ::97] *= 30
+    x[0, :256] = 0.0
+    if cols >= 768:
+        x[0, 256:512] = -np.abs(x[0, 256:512])
+        x[0, 512 + 3], x[0, 512 + 9] = 80.0, -80.0
+    return x.astype(np.float32)
+
+
+def test_q8_k_activation_blocks_are_ggml_s_own() -> None:
+    """The K-quants' activation blocks, against the library llama-cpp-python ships
+    (tests/ggml_kernels.py): `type_traits_cpu[Q8_K].from_float` (quantize_row_q8_K) and
+    the repacked Q4_K path's ggml_quantize_mat_q8_K_4x8 give d · q bit for bit equal to
+    `quantize_q8_k`; d is f32 (no fp16 rounding), of the sign opposite to the block's
+    largest-magnitude element, and the per-16 sums are exact."""
+    import torch
+
+    from engine.training import served_math
+    from tests import ggml_kernels
+
+    x = _activations(np.random.default_rng(7), 8, 1024)
+    found, four = ggml_kernels.call([{"op": "from_float", "type": "Q8_K", "x": x},
+                                     {"op": "mat_4x8", "type": "Q8_K", "x": x[:4]}])
+    d, q, bsums = ggml_kernels.decode_q8_k(found["raw"])
+    theirs = (d[..., None] * q).reshape(x.shape)
+    mine = served_math.quantize_q8_k(torch.from_numpy(x)).numpy()
+    assert np.array_equal(mine, theirs)
+    assert np.array_equal(bsums, q.reshape(*q.shape[:2], 16, 16).sum(-1))
+    blocks = x.reshape(8, 4, 256)
+    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0]
+    assert d[0, 0] == 0 and not q[0, 0].any()  # the zero block
+    assert np.array_equal(np.sign(d), -np.sign(largest))
+    assert not np.array_equal(d, d.astype(np.float16).astype(np.float32))  # not fp16
+    # The 4-row repacked quantizer (AVX2's path for Q4_K): the same values; on the tie
+    # (+80 and -80) it picks the positive element, quantize_row_q8_K the first one.
+    d4, q4 = ggml_kernels.decode_mat_4x8(four["raw"], "Q8_K")
+    assert np.array_equal(np.repeat(d4, 256, -1) * q4, theirs[:4])
+    assert np.array_equal(np.abs(d4), np.abs(d[:4]))
+
+
+def test_every_simulated_weight_type_multiplies_as_ggml_s_kernels() -> None:
+    """For every weight type served numerics simulate: ggml's `vec_dot_type` is the
+    table's (capabilities.ACTIVATION_TYPE), the gguf package dequantizes llama.cpp's
+    quantization of it bit for bit as ggml's `to_float` does, and `served_math.matmul`
+    agrees with ggml's `vec_dot` (activations quantized by ggml, integer dot products)
+    to float32 summation order: the integer kernels compute W · (d q) exactly, with no
+    rounding left to correct beyond Q4_1/Q5_1's fp16 s (the bsums of Q8_K are exact
+    integers). Float activations miss by a hundred times more."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from engine.formats.capabilities import ACTIVATION_TYPE
+    from engine.training import served_math
+    from tests import ggml_kernels
+
+    rng = np.random.default_rng(11)
+    weights = (rng.standard_normal((16, 512)) * 0.04 + 0.005).astype(np.float32)
+    x = _activations(rng, 5, 512)
+    types = [t for t in ACTIVATION_TYPE if t != "F32"]
+    answers = ggml_kernels.call([{"op": "vec_dot_type", "type": t} for t in ACTIVATION_TYPE]
+                                + [{"op": "quantize", "type": t, "weights": weights}
+                                   for t in types])
+    assert {t: str(a["name"]) for t, a in zip(ACTIVATION_TYPE, answers, strict=False)} == \
+        ACTIVATION_TYPE
+    raws = {t: a["raw"] for t, a in zip(types, answers[len(ACTIVATION_TYPE):], strict=True)}
+    answers = ggml_kernels.call(
+        [{"op": "to_float", "type": t, "raw": raws[t], "cols": 512} for t in types]
+        + [{"op": "dot", "type": t, "raw": raws[t], "x": x} for t in types])
+    for i, kind in enumerate(types):
+        w = dequantize(raws[kind], GGMLQuantizationType[kind]).astype(np.float32)
+        assert np.array_equal(w, answers[i]["values"]), kind
+        mins = served_math.block_mins(raws[kind], kind, 16, 512) \
+            if kind in served_math.BLOCK_BYTES else None
+        theirs = answers[len(types) + i]["y"].astype(np.float64)
+        scale = np.abs(theirs).max()
+        served = served_math.matmul(torch.from_numpy(x), torch.from_numpy(w), kind, mins)
+        # Measured 1.9e-7 to 4.1e-7 of the largest output (float32 sums in another
+        # order); float activations 1e-2 to 2e-2.
+        assert np.abs(served.double().numpy() - theirs).max() <= 2e-6 * scale, kind
+        if kind != "F16":
+            assert np.abs(x.astype(np.float64) @ w.T - theirs).max() > 1e-3 * scale, kind
+
+
 def test_served_numerics_refuse_a_weight_type_they_do_not_simulate() -> None:
     from engine.errors import RefusedError
     from engine.training import served_math
 
-    served_math.require_supported("blk.0.attn_q.weight", "Q4_1")
-    with pytest.raises(RefusedError, match="Q4_K: train with --numerics float"):
-        served_math.require_supported("blk.0.attn_q.weight", "Q4_K")
+    for kind in ("Q4_1", "Q4_K", "Q6_K", "IQ4_XS"):
+        served_math.require_supported("blk.0.attn_q.weight", kind)
+    # BF16 rounds activations to bf16, the IQ2/IQ3/IQ1 and ternary types have kernels
+    # of their own: not simulated, so refused rather than silently computed in float.
+    for kind in ("BF16", "IQ2_XXS", "TQ2_0"):
+        with pytest.raises(RefusedError, match=f"{kind}: train with --numerics float"):
+            served_math.require_supported("blk.0.attn_q.weight", kind)
 
 
 @pytest.fixture(scope="module")

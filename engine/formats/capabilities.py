@@ -46,9 +46,13 @@ TRAIN_ROPE_SCALINGS = ("none", "linear")
 LONGROPE_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 # vec_dot_type per weight type (ggml-cpu.c type_traits_cpu): the activation arithmetic
 # llama.cpp's CPU backend uses before a product with a weight of that type, for the types
-# the trainer's served numerics simulate (engine.training.served_math).
+# the trainer's served numerics simulate (engine.training.served_math). The K-quants and
+# IQ4_XS take Q8_K blocks (256 values, f32 scale) on every x86 path (vec_dot, the
+# repacked Q4_K gemm, the tiled path), IQ4_NL takes Q8_0 blocks as Q4_0 does.
 ACTIVATION_TYPE = {"F32": "F32", "F16": "F16", "Q8_0": "Q8_0", "Q4_0": "Q8_0",
-                   "Q5_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1"}
+                   "Q5_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1", "Q2_K": "Q8_K",
+                   "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+                   "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K"}
 
 
 @dataclass(frozen=True)

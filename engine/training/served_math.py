@@ -20,6 +20,17 @@ order of float sums) what llama.cpp computes on the same file:
 - Q4_1 / Q5_1 weights: activations as Q8_1 blocks (`quantize_row_q8_1`): the same
   d and q, plus s = fp16(d · Σq) with the *unrounded* d; the weights' min term is
   m_w · s instead of m_w · d_x Σq, which we add as a (detached) correction per block.
+- K-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_XS: activations as Q8_K
+  blocks of 256 (`quantize_row_q8_K`, which x86 takes from the reference C, and the
+  repacked Q4_K path's `ggml_quantize_mat_q8_K_4x8`, which gives the same values): the
+  f32 scale is iscale = -127 / m with m the element of largest magnitude (so d = 1 /
+  iscale carries m's sign: a convention of the sign that changes no product),
+  q = round(x · iscale) half to even, d = 1 / iscale in f32, *not* rounded to fp16. Every
+  kernel (vec_dot, the repacked gemm/gemv, the tiled path taken from 8 rows) works on
+  exact integers: the per-16 sums (bsums) are exact, so the min terms (Q2_K, Q4_K, Q5_K)
+  and the -32 / -4 offsets (Q6_K, Q3_K) are the dequantized product's, with no rounding
+  to correct as Q4_1's fp16 s needs; the product is W · (d q) up to float summation
+  order (`quantize_q8_k`). IQ4_NL: Q8_0 blocks, as Q4_0.
 - F16 weights: activations rounded to fp16; F32: unchanged.
 - The embedding lookup (get_rows) dequantizes exactly: nothing to simulate.
 - RoPE angles (`rope_angles`): built in float as ggml_rope_cache_init builds them,
@@ -34,9 +45,9 @@ order of float sums) what llama.cpp computes on the same file:
 Every rounding is applied with a straight-through gradient, x + (round(x) - x).detach(),
 so training still gets the float gradient. A weight type not listed above is refused
 (RefusedError naming the tensor and its type): its activations would be quantized some
-other way (the K-quants use Q8_K blocks of 256 with an f32 scale), and a silent float
-fallback would make "served" mean something else per file. docs/training.md, "Parity
-gate", has the measurements.
+other way (BF16 rounds them to bf16; the IQ2/IQ3/IQ1 and ternary types have kernels of
+their own), and a silent float fallback would make "served" mean something else per
+file. docs/training.md, "Parity gate" and "Every family", has the measurements.
 """
 
 from __future__ import annotations
@@ -51,6 +62,7 @@ from engine.formats.capabilities import ACTIVATION_TYPE
 
 NUMERICS = ("served", "float")
 BLOCK = 32  # QK8_0 == QK8_1 == QK4_1 == 32
+BLOCK_K = 256  # QK_K: a Q8_K block (and every K-quant's super-block)
 # GELU's table bounds (ggml_vec_gelu_f32 / ggml_vec_geglu_f32 under GGML_GELU_FP16).
 GELU_LOW, GELU_HIGH = -10.0, 10.0
 # Block layouts with a min: fp16 d, fp16 m, then the codes (ggml-common.h).
@@ -104,6 +116,29 @@ def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
         return dequantized, d[..., 0], q.sum(-1)
 
 
+def quantize_q8_k(x: torch.Tensor) -> torch.Tensor:
+    """ggml's quantize_row_q8_K on the last dimension (a multiple of 256): the
+    dequantized blocks d · q, float32, same shape as x. No gradient: callers wrap it
+    straight-through.
+
+    Bit for bit what llama-cpp-python 0.3.36's library stores (tests/ggml_kernels.py
+    calls it): iscale = -127 / m (m: the block's element of largest magnitude, signed),
+    q = nearest_int(x · iscale) (half to even), d = 1 / iscale. m's sign only flips
+    both q and d, so |m| is used here. An all-zero block is d = 0, q = 0.
+    """
+    with torch.no_grad():
+        blocks = x.detach().unflatten(-1, (-1, BLOCK_K))
+        amax = blocks.abs().amax(-1, keepdim=True)
+        nonzero = amax > 0
+        # Tensor / tensor: torch computes `127.0 / amax` as 127 · (1 / amax), which
+        # rounds twice; ggml divides once (-127.f / max).
+        iscale = torch.where(nonzero, torch.full_like(amax, 127.0) / amax,
+                             torch.zeros_like(amax))
+        q = torch.round(blocks * iscale)  # nearest_int: the 1.5·2^23 trick, half to even
+        d = torch.where(nonzero, torch.reciprocal(iscale), torch.zeros_like(amax))
+        return (q * d).flatten(-2)
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, type_name: str,
            mins: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T as llama.cpp's CPU backend computes it for a weight of `type_name`."""
@@ -112,6 +147,8 @@ def matmul(x: torch.Tensor, weight: torch.Tensor, type_name: str,
         return x @ weight.T
     if kind == "F16":
         return fp16(x) @ weight.T
+    if kind == "Q8_K":
+        return straight_through(x, quantize_q8_k(x)) @ weight.T
     dequantized, d, qsum = quantize_q8(x)
     y = straight_through(x, dequantized) @ weight.T
     if kind == "Q8_1":
