@@ -61,8 +61,10 @@ from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
 from engine.formats.templates import Message
+from engine.runtime import assembly
 from engine.runtime.messages import Generate, Prompt
-from engine.state import conversations, settings
+from engine.runtime.results import GenerationResult
+from engine.state import conversations
 from engine.state.conversations import ChatMessage, Conversation
 from gui.backend_picker import LABELS, BackendPicker
 from gui.catalog_events import CatalogEvents, touches
@@ -774,23 +776,25 @@ class ChatView(QWidget):
             QDesktopServices.openUrl(url)
 
     def _spec(self) -> SessionSpec:
-        """What the current model is served as: this spec is sent, its identity shown."""
+        """What the current model is served as: the spec `request` sends, whose identity
+        the header shows (a plain base's context size from Settings, as everywhere)."""
         assert self.model_name is not None
-        kind, _record = self.catalog.find(self.model_name)
-        # A plain base has no profile: it runs with the context size from Settings.
-        n_ctx = settings.load().context_size if kind == "model" else None
-        return resolve.resolve(self.catalog, self.model_name, n_ctx, self.backend.backend())
+        return assembly.spec(self.catalog, self.model_name, backend=self.backend.backend())
 
-    def sampling(self, fresh_seed: bool = False) -> Sampling:
-        """The next answer's sampling: the profile's with this chat's own settings, and
-        a new seed for a regenerate (unless greedy: the seed changes nothing then)."""
+    def request(self, history: tuple[Message, ...], fresh_seed: bool = False) -> Generate:
+        """The next answer's request (`runtime.assembly`, as every front end builds it):
+        the profile's sampling with this chat's own settings, and a new seed for a
+        regenerate (unless greedy: the seed changes nothing then)."""
         assert self.model_name is not None
         own = {k: v for k, v in ((self.conversation.sampling or {}) if self.conversation
                                  else {}).items() if k in CHAT_SAMPLING}
-        sampling = resolve.sampling(self.catalog, self.model_name, **own)
-        if fresh_seed and not sampling.greedy:
-            sampling = replace(sampling, seed=random.randrange(2**31))
-        return sampling
+        system = self.conversation.system_prompt if self.conversation else None
+        request = assembly.request(self.catalog, self.model_name,
+                                   Prompt(messages=history, chat=True, system=system),
+                                   backend=self.backend.backend(), **own)
+        if fresh_seed and not request.sampling.greedy:
+            request = assembly.with_seed(request, random.randrange(2**31))
+        return request
 
     @staticmethod
     def _history(messages: tuple[ChatMessage, ...] | list[ChatMessage]) -> tuple[Message, ...]:
@@ -801,20 +805,18 @@ class ChatView(QWidget):
         assert self.conversation is not None and self.model_name is not None
         history = self._history(self.conversation.messages)
         try:
-            spec = self._spec()
-            sampling = self.sampling(fresh_seed)
+            # The system prompt: this chat's own, else None (the profile's, in the spec).
+            request = self.request(history, fresh_seed)
         except StudioError as exc:
             self._sampling = None
             self._append_answer("", error=exc.message)
             self._render()
             return
-        self._sampling = sampling
-        system = self.conversation.system_prompt  # None: the profile's (in the spec)
+        self._sampling = request.sampling
         self._stream_text = ""
         self._started = time.perf_counter()
         self.first_token_seconds = None
-        reply = self.client.submit(Generate(spec, Prompt(messages=history, chat=True,
-                                                         system=system), sampling))
+        reply = self.client.submit(request)
         self.reply = reply  # before rendering: no actions on messages while it runs
         self._render()
         cursor = self.transcript.textCursor()
@@ -883,16 +885,16 @@ class ChatView(QWidget):
         self._render()
 
     def _append_answer(self, text: str, error: str | None = None,
-                       result: dict[str, Any] | None = None) -> None:
+                       result: GenerationResult | None = None) -> None:
         assert self.conversation is not None
         message = ChatMessage(
             "assistant", text, model=self.model_name,
-            identity=(result or {}).get("identity"),
-            tokens_per_second=(result or {}).get("tokens_per_second"), error=error,
-            backend=(result or {}).get("backend"),
+            identity=result.identity if result else None,
+            tokens_per_second=result.tokens_per_second if result else None, error=error,
+            backend=result.backend if result else None,
             seed=self._sampling.seed if self._sampling else None,
-            finish_reason=(result or {}).get("finish_reason"),
-            replay=_without_messages((result or {}).get("replay")))
+            finish_reason=result.finish_reason if result else None,
+            replay=_without_messages(result.replay if result else None))
         branch, self._branch = self._branch, None
         if branch is not None and branch[1].id == self.conversation.id:
             index, before = branch
@@ -905,18 +907,18 @@ class ChatView(QWidget):
         self._save()
 
     @Slot(object)
-    def _on_finished(self, result: Any) -> None:
-        self._append_answer(result["text"], result=result)
+    def _on_finished(self, result: GenerationResult) -> None:
+        self._append_answer(result.text, result=result)
         # The name asked for: the engine reports its session's, which is shared by every
         # name of one identity (two variants with the same parts).
-        finish = result["finish_reason"]
-        self.status.setText(f"{self.model_name} · {LABELS.get(result['backend'], '?')} · "
-                            f"{result['identity'][:12]} · "
-                            f"{result['tokens_per_second']:.1f} tok/s · "
-                            f"{len(result['token_ids'])} tokens · "
+        finish = result.finish_reason
+        self.status.setText(f"{self.model_name} · {LABELS.get(result.backend, '?')} · "
+                            f"{result.identity[:12]} · "
+                            f"{result.tokens_per_second:.1f} tok/s · "
+                            f"{len(result.token_ids)} tokens · "
                             + (f"first token {self.first_token_seconds:.2f} s · "
                                if self.first_token_seconds is not None else "")
-                            + ("cut at max tokens" if finish == "length" else finish))
+                            + ("cut at max tokens" if finish == "length" else finish or ""))
         self._finish()
         self.answered.emit()
 

@@ -50,11 +50,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog import resolve
 from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
+from engine.runtime import assembly
 from engine.runtime.messages import Compare, Prompt
+from engine.runtime.results import CompareResult, GenerationResult
 from gui.backend_picker import LABELS, BackendPicker
 from gui.catalog_events import CatalogEvents, touches
 from gui.engine_client import QtEngineClient, Reply
@@ -80,8 +81,8 @@ FINISH = {"eos": "ended (end of text)", "stop": "ended at a stop string",
           "length": "cut at max tokens", "context": "cut: the context is full"}
 
 
-def finish_text(result: dict[str, Any], max_tokens: int | None = None) -> str:
-    reason = result.get("finish_reason") or ""
+def finish_text(result: GenerationResult, max_tokens: int | None = None) -> str:
+    reason = result.finish_reason or ""
     words = FINISH.get(reason, reason)
     if reason == "length" and max_tokens:
         words += f" ({max_tokens})"
@@ -109,7 +110,7 @@ class _Side:
         self.browser.setOpenLinks(False)
         self.tokens: list[list[Any]] = []  # [token id, logprob, text]
         self.text = ""
-        self.result: dict[str, Any] | None = None
+        self.result: GenerationResult | None = None
         self.marks: tuple[str, str] = ("", "")  # (the token marked, the tail shaded)
 
     def reset(self, title: str) -> None:
@@ -169,7 +170,7 @@ class CompareView(QWidget):
         self.client = client
         self.catalog = catalog
         self.reply: Reply | None = None  # the run in progress
-        self.result: dict[str, Any] | None = None
+        self.result: CompareResult | None = None
         self.params: dict[str, Any] | None = None
         # Each side's first token, seconds after the run was asked for: both sides are
         # timed the same way, by this view's clock from the same start.
@@ -346,7 +347,7 @@ class CompareView(QWidget):
         if name:
             try:
                 base_title, variant_title = self._titles(
-                    name, resolve.resolve(self.catalog, name, backend=self.backend.backend()))
+                    name, assembly.spec(self.catalog, name, backend=self.backend.backend()))
             except StudioError as exc:
                 variant_title = (f"<b>Variant</b> · {html.escape(name)} · <span "
                                  f"style='color:#d23c3c'>{html.escape(exc.message)}</span>")
@@ -388,21 +389,21 @@ class CompareView(QWidget):
             if not prompt:
                 self.summary.setText("Write a prompt first.")
             return
+        chat = self.chat.isChecked()
         try:
-            spec = resolve.resolve(self.catalog, name, backend=self.backend.backend())
-            sampling = resolve.sampling(self.catalog, name,
-                                        max_tokens=self.max_tokens.value(),
-                                        temperature=self.temperature.value(),
-                                        seed=self.seed.value())
+            request = assembly.request(self.catalog, name, Prompt(text=prompt, chat=chat),
+                                       kind=Compare, backend=self.backend.backend(),
+                                       max_tokens=self.max_tokens.value(),
+                                       temperature=self.temperature.value(),
+                                       seed=self.seed.value())
         except StudioError as exc:
             self.summary.setText(f"<span style='color:#d23c3c'>{html.escape(exc.message)}"
                                  "</span>")
             return
-        chat = self.chat.isChecked()
         # What the exports say was asked: the prompt and every sampling setting.
         self.params = {"prompt": {"text": prompt, "chat": chat},
-                       "sampling": sampling.to_dict()}
-        base_title, variant_title = self._titles(name, spec)
+                       "sampling": request.sampling.to_dict()}
+        base_title, variant_title = self._titles(name, request.spec)
         self.base_side.reset(base_title)
         self.variant_side.reset(variant_title)
         self.result = None
@@ -411,7 +412,7 @@ class CompareView(QWidget):
         self.first_token_seconds = {}
         self._dirty.clear()
         self._started = time.perf_counter()
-        reply = self.client.submit(Compare(spec, Prompt(text=prompt, chat=chat), sampling))
+        reply = self.client.submit(request)
         reply.tokens.connect(self._on_tokens)
         reply.finished.connect(self._on_finished)
         reply.failed.connect(self._on_failed)
@@ -485,16 +486,16 @@ class CompareView(QWidget):
         self.show_result(result)
         self.busyChanged.emit(False)
 
-    def show_result(self, result: dict[str, Any]) -> None:
+    def show_result(self, result: CompareResult) -> None:
         """A finished comparison: both texts marked, speeds, endings, plot, summary;
         kept in the recent comparisons."""
         self.result = result
-        div = result["first_divergence"]
+        div = result.first_divergence
         for side in (self.base_side, self.variant_side):
-            side.result = result["base" if side is self.base_side else "variant"]
-            side.text = side.result["text"]
+            side.result = result.base if side is self.base_side else result.variant
+            side.text = side.result.text
             side.render(div)
-        base, variant = result["base"], result["variant"]
+        base, variant = result.base, result.variant
         limit = (self.params or {}).get("sampling", {}).get("max_tokens")
         # Both sides' figures are measured the same way: the engine's decode rate of
         # that side, and this view's clock to that side's first token.
@@ -502,11 +503,12 @@ class CompareView(QWidget):
             first = self.first_token_seconds.get("base" if side is self.base_side
                                                  else "variant")
             side.title.setText(side.title.text() +
-                               f" · {figures['tokens_per_second']:.1f} tok/s · "
+                               f" · {figures.tokens_per_second:.1f} tok/s · "
                                + (f"first token {first:.2f} s · " if first is not None
                                   else "") + finish_text(figures, limit))
         # The final figures: the engine's log-probabilities, whole.
-        self.plot.set_data(base["logprobs"], variant["logprobs"], div, self._token_texts())
+        self.plot.set_data(list(base.logprobs), list(variant.logprobs), div,
+                           self._token_texts())
         self.summary.setText(summary_text(result))
         self._remember()
         self._update_buttons()
@@ -534,18 +536,18 @@ class CompareView(QWidget):
             return
         entry = self.history[index]
         self.result, self.params = entry["result"], entry["params"]
-        div = self.result["first_divergence"]
+        div = self.result.first_divergence
         for side, name, title, tokens in ((self.base_side, "base", entry["titles"][0],
                                            entry["tokens"][0]),
                                           (self.variant_side, "variant", entry["titles"][1],
                                            entry["tokens"][1])):
             side.title.setText(title)
             side.tokens = list(tokens)
-            side.result = self.result[name]
-            side.text = side.result["text"]
+            side.result = self.result.side(name)
+            side.text = side.result.text
             side.render(div)
-        self.plot.set_data(self.result["base"]["logprobs"], self.result["variant"]["logprobs"],
-                           div, self._token_texts())
+        self.plot.set_data(list(self.result.base.logprobs),
+                           list(self.result.variant.logprobs), div, self._token_texts())
         self.summary.setText(summary_text(self.result))
         self._update_buttons()
 
@@ -576,7 +578,7 @@ class CompareView(QWidget):
         assert self.result is not None and self.params is not None
         if kind == "json":
             return json.dumps({"prompt": self.params["prompt"],
-                               "sampling": self.params["sampling"], **self.result},
+                               "sampling": self.params["sampling"], **self.result.to_dict()},
                               indent=2, ensure_ascii=False)
         return comparison_markdown(self.params, self.result)
 
@@ -606,13 +608,13 @@ def effect_scale(effect: float) -> str:
     return "large"
 
 
-def summary_text(result: dict[str, Any]) -> str:
-    div = result["first_divergence"]
-    effect = result["adapter_effect"]
+def summary_text(result: CompareResult) -> str:
+    div = result.first_divergence
+    effect = result.adapter_effect
     where = ("the two sides never differ" if div is None else
              f"first divergence at token {div} (highlighted: that token on its own, the rest "
              "lighter)")
-    scales = [a["scale"] for a in result.get("variant", {}).get("adapters", [])]
+    scales = [a.scale for a in result.variant.adapters]
     at = ", ".join(f"{s:g}" for s in scales)
     if effect is None:
         figure = "adapter effect: n/a (the base produced no tokens)"
@@ -642,7 +644,7 @@ def _setting(value: Any) -> str:
     return str(value)
 
 
-def comparison_markdown(params: dict[str, Any], result: dict[str, Any]) -> str:
+def comparison_markdown(params: dict[str, Any], result: CompareResult) -> str:
     prompt = str(params["prompt"]["text"])
     fence = fence_for(prompt)
     lines = ["# Variant comparison", "", "**Prompt:**", "", f"{fence}text", prompt, fence, "",
@@ -651,17 +653,17 @@ def comparison_markdown(params: dict[str, Any], result: dict[str, Any]) -> str:
         lines.append(f"| {key} | {_setting(value).replace('|', chr(92) + '|')} |")
     limit = params["sampling"].get("max_tokens")
     for side in ("base", "variant"):
-        r = result[side]
-        lines += ["", f"## {side.title()}: {r['name']}", "",
-                  f"- identity: `{r['identity']}`", f"- backend: {r['backend']}",
-                  f"- tokens: {len(r['token_ids'])}, {r['tokens_per_second']:.1f} tok/s, "
+        r = result.side(side)
+        lines += ["", f"## {side.title()}: {r.name}", "",
+                  f"- identity: `{r.identity}`", f"- backend: {r.backend}",
+                  f"- tokens: {len(r.token_ids)}, {r.tokens_per_second:.1f} tok/s, "
                   f"{finish_text(r, limit)}"]
-        for a in r.get("adapters", []):
-            lines.append(f"- adapter {a['name']} scale {a['scale']:g} sha256 `{a['sha256']}`")
-        fence = fence_for(r["text"])
-        lines += ["", f"{fence}text", r["text"], fence]
-    div = result["first_divergence"]
-    effect = result["adapter_effect"]
+        for a in r.adapters:
+            lines.append(f"- adapter {a.name} scale {a.scale:g} sha256 `{a.sha256}`")
+        fence = fence_for(r.text)
+        lines += ["", f"{fence}text", r.text, fence]
+    div = result.first_divergence
+    effect = result.adapter_effect
     lines += ["", f"**First divergence:** {'none' if div is None else f'token {div}'}",
               "", f"**Adapter effect:** {'n/a' if effect is None else f'{effect:.4f}'} "
               "nats/token (mean |Δ log p| of the base's tokens under the variant)", ""]

@@ -29,6 +29,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 from engine.errors import Cancelled, StudioError
 from engine.runtime import messages as m
 from engine.runtime.client import EngineClient, RequestHandle
+from engine.runtime.results import EngineStatus
 from engine.state import settings
 
 FLUSH_MS = 50
@@ -166,7 +167,7 @@ class Reply(QObject):
 
 class QtEngineClient(QObject):
     stateChanged = Signal(str, str)
-    described = Signal(dict)
+    described = Signal(object)  # an EngineStatus
     requestFailed = Signal(str, str)  # op, message (any request's failure, for a status line)
     generating = Signal(str)  # op: a request's first token arrived (its model is resident)
     _raw = Signal(object, object)  # reply, event: from the reader thread to the GUI thread
@@ -183,7 +184,7 @@ class QtEngineClient(QObject):
         self._timer.setInterval(FLUSH_MS)
         self._timer.timeout.connect(self._flush)
         self.state = "stopped"
-        self.last_description: dict[str, Any] = {}
+        self.last_description: EngineStatus | None = None
 
     # ---------------------------------------------------------------- requests
 
@@ -236,8 +237,8 @@ class QtEngineClient(QObject):
     def _ended(self, reply: Reply) -> None:
         self._replies.discard(reply)
         if reply.outcome == "finished" and isinstance(reply.request, m.Describe):
-            self.last_description = reply.result or {}
-            self.described.emit(self.last_description)
+            self.last_description = reply.result
+            self.described.emit(reply.result)
         elif reply.outcome == "failed" and reply.error is not None:
             self.requestFailed.emit(reply.op, reply.error.message)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import html
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -42,10 +41,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog import evaluation, resolve
+from engine.catalog import evaluation
 from engine.catalog.store import Catalog
 from engine.errors import Cancelled, StudioError
-from engine.runtime.messages import Score
+from engine.runtime import assembly
+from engine.runtime.results import ScoreResult
 from engine.training import score_sets
 from gui import aio
 from gui.catalog_events import CatalogEvents, touches
@@ -62,15 +62,9 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
 
 
-def exact_text(result: dict[str, Any]) -> str:
-    if result.get("exact_match") is None:
-        return "n/a"
-    return f"{result['exact_match']:.1%} ({result['exact_matches']}/{result['exact_items']})"
-
-
 class EvaluateView(QWidget):
     busyChanged = Signal(bool)
-    scored = Signal(dict)  # one model's result, as soon as it is scored
+    scored = Signal(object)  # one model's ScoreResult, as soon as it is scored
     runFinished = Signal(str)  # "finished" | "cancelled" | "failed"
 
     def __init__(self, client: QtEngineClient, catalog: Catalog, events: CatalogEvents,
@@ -82,7 +76,7 @@ class EvaluateView(QWidget):
         self.flow: asyncio.Task | None = None
         self.reply: Reply | None = None  # the model being scored
         self.loader: Task | None = None  # reading the data file
-        self.results: list[dict[str, Any]] = []
+        self.results: list[ScoreResult] = []
         self.charts: list[ScoreChart] = []
         self._manual_data = False  # the user chose the file: selection leaves it alone
         self._busy = False  # a run is under way (its flow may still be finishing)
@@ -303,8 +297,9 @@ class EvaluateView(QWidget):
             self.loader = None
         for number, name in enumerate(names):
             try:
-                spec = resolve.resolve(self.catalog, name, backend=backend)
-                reply = self.client.submit(Score(spec, score_set.items, exact, False))
+                reply = self.client.submit(assembly.score(
+                    self.catalog, name, score_set.items, exact_match=exact, per_token=False,
+                    backend=backend))
             except StudioError as exc:
                 self._error(f"{name}: {exc.message}")
                 return "failed"
@@ -340,20 +335,19 @@ class EvaluateView(QWidget):
     def _error(self, message: str) -> None:
         self.status.setText(f"<span style='color:#d23c3c'>{html.escape(message)}</span>")
 
-    def _add(self, result: dict[str, Any]) -> None:
+    def _add(self, result: ScoreResult) -> None:
         self.results.append(result)
         row = self.table.rowCount()
         self.table.insertRow(row)
-        cells = (result["name"], result["backend"], str(result["items"]),
-                 str(result["tokens"]), _num(result["mean_nll"]), _num(result["perplexity"]),
-                 exact_text(result))
+        cells = (result.name, result.backend, str(result.items), str(result.tokens),
+                 _num(result.mean_nll), _num(result.perplexity), result.exact_text)
         for column, text in enumerate(cells):
             item = QTableWidgetItem(text)
             if column >= 2:
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             self.table.setItem(row, column, item)
         self.table.resizeColumnsToContents()
-        chart = ScoreChart(f"{result['name']} ({result['backend']})")
+        chart = ScoreChart(f"{result.name} ({result.backend})")
         chart.set_result(result)
         self.chart_layout.insertWidget(self.chart_layout.count() - 1, chart)
         self.charts.append(chart)

@@ -43,6 +43,7 @@ from engine.catalog.store import Catalog
 from engine.curated import demo, setup
 from engine.errors import StudioError
 from engine.runtime.openvino import models as openvino_models
+from engine.runtime.results import EngineStatus
 from engine.state import paths, presence, settings, statefile
 from gui import help as help_menu
 from gui import notify, theme
@@ -606,15 +607,12 @@ class MainWindow(QMainWindow):
                 "with its base (Ctrl+K) to see the first token where the adapter changes "
                 "the answer. Import your own adapter with Ctrl+I.", kind="info")
 
-    def _described(self, info: dict[str, Any]) -> None:
-        residents = info.get("residents") or []
-        sessions = info.get("sessions") or []
+    def _described(self, info: EngineStatus) -> None:
         self.resident_label.setText(
-            "resident: " + (", ".join(r["base"] for r in residents) or "none") +
-            f" · {len(sessions)} session(s)")
-        rss = (info.get("memory") or {}).get("rss_bytes", 0)
-        self.memory_label.setText(f"{rss / 2**20:.0f} MiB")
-        threads = info.get("n_threads")
+            "resident: " + (", ".join(r.base for r in info.residents) or "none") +
+            f" · {len(info.sessions)} session(s)")
+        self.memory_label.setText(f"{info.memory.rss_bytes / 2**20:.0f} MiB")
+        threads = info.n_threads
         self.threads_label.setText(f"{threads} thread{'' if threads == 1 else 's'}"
                                    if threads else "")
 

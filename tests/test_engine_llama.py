@@ -159,7 +159,7 @@ def test_llama_cpp_rejection_is_a_refusal_that_says_why(tmp_path: Path, embedded
                  embedded_path: "expect general.type to be 'adapter'"}
         for path, reason in cases.items():
             with pytest.raises(RefusedError) as caught:
-                model.acquire_adapter(AdapterFile("x", str(path), f"sha-{path}", 1.0))
+                model.load_adapter(AdapterFile("x", str(path), f"sha-{path}", 1.0))
             assert reason in caught.value.message and caught.value.details
             assert caught.value.exit_code == 3
         assert model.adapters == {}

@@ -6,6 +6,7 @@ export whose fences the content cannot close, saved through *.md / *.json filter
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from PySide6.QtCore import Qt
 
 from engine.catalog.store import AdapterSpec
 from engine.curated.demo import VARIANT_NAME
+from engine.runtime.results import AdapterUse, CompareResult
 from gui.compare import TAIL_COLOR, TOKEN_COLOR, comparison_markdown, fence_for, summary_text
 from gui.main_window import MainWindow
 
@@ -39,16 +41,20 @@ def fragments(browser) -> dict[str, str]:  # noqa: ANN001
 
 
 def side(text_tokens: list[str], name: str, finish: str = "eos") -> dict[str, Any]:
-    return {"name": name, "text": "".join(text_tokens), "token_ids": list(range(len(
-        text_tokens))), "logprobs": [-0.5] * len(text_tokens), "tokens_per_second": 12.0,
-        "finish_reason": finish, "identity": "f" * 64, "backend": "llama",
-        "adapters": [{"name": "tool-calls-lora", "scale": 1.0, "sha256": "a" * 64}]}
+    return {"name": name, "kind": "variant", "text": "".join(text_tokens),
+            "token_ids": list(range(len(text_tokens))),
+            "logprobs": [-0.5] * len(text_tokens), "tokens_per_second": 12.0,
+            "finish_reason": finish, "identity": "f" * 64, "identity_short": "f" * 12,
+            "backend": "llama", "prompt_tokens": 3, "reused_tokens": 0,
+            "prompt_seconds": 0.01,
+            "adapters": [{"name": "tool-calls-lora", "scale": 1.0, "sha256": "a" * 64}]}
 
 
 def show(view, base: list[str], variant: list[str], div: int, effect: float = 1.2,
-         finish: str = "eos", prompt: str = "Hi") -> dict:  # noqa: ANN001
-    result = {"base": side(base, "base"), "variant": side(variant, VARIANT_NAME, finish),
-              "first_divergence": div, "adapter_effect": effect}
+         finish: str = "eos", prompt: str = "Hi") -> CompareResult:  # noqa: ANN001
+    result = CompareResult.from_dict({
+        "base": side(base, "base"), "variant": side(variant, VARIANT_NAME, finish),
+        "first_divergence": div, "adapter_effect": effect})
     view.params = {"prompt": {"text": prompt, "chat": True},
                    "sampling": {"max_tokens": 8, "temperature": 0.0, "stop": []}}
     view.base_side.reset("Base")
@@ -95,8 +101,8 @@ def test_the_summary_explains_the_effect_and_the_history_survives_a_switch(
     text = view.summary.text()
     assert "1.3100 nats/token</b> at scale 1 — large" in text
     assert "under 0.05 is small, over 0.5 large" in text and "demo variant" in text
-    zero = dict(result, variant=dict(result["variant"], adapters=[
-        {"name": "x", "scale": 0.0, "sha256": "b" * 64}]), adapter_effect=0.0)
+    zero = replace(result, variant=replace(result.variant, adapters=(
+        AdapterUse("x", "b" * 64, 0.0),)), adapter_effect=0.0)
     assert "at scale 0: the adapter is switched off, so 0 is expected" in summary_text(zero)
 
     # A switch of variant (as an import or a new variant makes) keeps it in the history.

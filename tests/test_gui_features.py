@@ -171,12 +171,12 @@ def test_status_bar_shows_engine_state_resident_model_and_memory(
     # The window asks the engine to describe itself after an answer.
     qtbot.waitUntil(lambda: DEFAULT_MODEL_NAME in win.resident_label.text(), timeout=LONG)
     info = win.client.last_description
-    assert [r["base"] for r in info["residents"]] == [DEFAULT_MODEL_NAME]
-    sessions = len(info["sessions"])
+    assert [r.base for r in info.residents] == [DEFAULT_MODEL_NAME]
+    sessions = len(info.sessions)
     assert sessions >= 1
     assert win.resident_label.text() == (f"resident: {DEFAULT_MODEL_NAME} · "
                                          f"{sessions} session(s)")
-    rss = info["memory"]["rss_bytes"]
+    rss = info.memory.rss_bytes
     assert rss > 50 * 2**20  # a loaded model: tens of MiB at least
     assert win.memory_label.text() == f"{rss / 2**20:.0f} MiB"
     assert win.engine_label.text() == "● engine running"
@@ -271,11 +271,13 @@ def test_settings_save_context_backend_and_theme(home: Path, open_window, user_i
             "theme") == "dark"
         assert user_ini.value("data_dir") is None  # the data directory was not touched
 
-        # The chat serves a plain base with the context size from Settings, and says so.
+        # The chat serves a plain base with the context size from Settings, and says so
+        # (as every front end does: the base's identity is that one everywhere).
         win.open_chat(BASE)
         expected = resolve.identity(Catalog(), BASE, n_ctx=2048)
         assert expected.short in win.chat.header.text()
-        assert resolve.identity(Catalog(), BASE).short not in win.chat.header.text()
+        assert resolve.identity(Catalog(), BASE) == expected
+        assert resolve.identity(Catalog(), BASE, n_ctx=4096).short not in win.chat.header.text()
 
         win.chat.input.setPlainText("Say hello.")
         with qtbot.waitSignal(win.chat.busyChanged, timeout=LONG,

@@ -180,7 +180,7 @@ def test_layer_names_come_from_structure_not_names_or_positions(
     # Erase every clue but the graph: projection and weight names become meaningless.
     for index, op in enumerate(named):
         op.set_friendly_name(f"MatMul_scrambled_{index}")
-        openvino_build._weight_constant(op.input_value(1).get_node()).set_friendly_name(
+        openvino_build.weight_constant(op.input_value(1).get_node()).set_friendly_name(
             f"Constant_scrambled_{index}")
     report = openvino_build.name_projections(model, description)
     assert (report.renamed, report.cross_checked) == (210, 0)
@@ -189,7 +189,7 @@ def test_layer_names_come_from_structure_not_names_or_positions(
     model = core.read_model(str(folder / "openvino_model.xml"))
     by_name = {op.get_friendly_name(): op for op in model.get_ordered_ops()}
     q = by_name["__module.model.layers.3.self_attn.q_proj/aten::linear/MatMul"]
-    openvino_build._weight_constant(q.input_value(1).get_node()).set_friendly_name(
+    openvino_build.weight_constant(q.input_value(1).get_node()).set_friendly_name(
         "model.layers[3].self_attn.o_proj.weight")
     with pytest.raises(RefusedError, match="disagrees with the weights"):
         openvino_build.name_projections(model, description)

@@ -214,20 +214,21 @@ def adapter_files(catalog: Catalog, name: str) -> dict[str, dict[str, Any]]:
 CROSS_CHECK_LINES = 50
 
 
-def cross_check_summary(name: str, result: dict[str, Any]) -> dict[str, Any]:
-    """What an adapter's record keeps of a `parity` run (engine `cross_check` result)."""
-    genai = result.get("genai")
-    warnings = result["openvino_warnings"]
+def cross_check_summary(name: str, result: Any) -> dict[str, Any]:
+    """What an adapter's record keeps of a `parity` run (the engine's cross-check
+    result, `engine.runtime.results.CrossCheckResult`: this room reads its fields)."""
+    genai = result.genai
+    warnings = list(result.openvino_warnings)
     return {
-        "at": now_iso(), "via": name, "tokens": result["tokens"],
-        "prompts": len(result["prompts"]), "max_kl": result["max_kl"],
-        "mean_kl": result["mean_kl"], "top1_agreement": result["top1_agreement"],
-        "first_token_agreement": result["first_token_agreement"],
+        "at": now_iso(), "via": name, "tokens": result.tokens,
+        "prompts": len(result.prompts), "max_kl": result.max_kl,
+        "mean_kl": result.mean_kl, "top1_agreement": result.top1_agreement,
+        "first_token_agreement": result.first_token_agreement,
         "genai": genai is not None,
-        "genai_agreeing_tokens": genai["agreeing_tokens"] if genai else None,
+        "genai_agreeing_tokens": list(genai.agreeing_tokens) if genai else None,
         "openvino_warnings": warnings[:CROSS_CHECK_LINES],
         "openvino_warning_count": len(warnings),
-        "unused_lora_tensors": result["unused_lora_tensors"],
+        "unused_lora_tensors": list(result.unused_lora_tensors),
     }
 
 

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from engine.catalog import digest, resolve
 from engine.catalog.store import Catalog, now_iso
@@ -163,13 +163,30 @@ def _scores_model(data: dict[str, Any], adapter: str, name: str) -> bool:
     return name in data["models"] and name in bases
 
 
-def score_summary(result: dict[str, Any]) -> dict[str, Any]:
+class ScoreFigures(Protocol):
+    """What this room reads of an engine score (`engine.runtime.results.ScoreResult`,
+    a room above this one)."""
+
+    name: str
+    kind: str
+    backend: str
+    identity: str
+    items: int
+    tokens: int
+    mean_nll: float | None
+    perplexity: float | None
+    exact_match: float | None
+    exact_matches: int
+    exact_items: int
+
+
+def score_summary(result: ScoreFigures) -> dict[str, Any]:
     """What a set keeps of one engine `score` result."""
-    return {**{k: result.get(k) for k in SCORE_KEYS}, "identity": result["identity"],
-            "kind": result.get("kind"), "at": now_iso()}
+    return {**{k: getattr(result, k) for k in SCORE_KEYS}, "identity": result.identity,
+            "kind": result.kind, "at": now_iso()}
 
 
-def record_score(catalog: Catalog, sha256: str, result: dict[str, Any]) -> list[str]:
+def record_score(catalog: Catalog, sha256: str, result: ScoreFigures) -> list[str]:
     """Keep `result` (an engine score of data with this sha256) on every adapter whose
     evaluation set it is and that the scored model uses; the names recorded on."""
     recorded: list[str] = []
@@ -181,10 +198,10 @@ def record_score(catalog: Catalog, sha256: str, result: dict[str, Any]) -> list[
             entry = record.get("evaluation")
             if not entry or entry.get("sha256") != sha256:
                 continue
-            if not _scores_model(data, name, result["name"]):
+            if not _scores_model(data, name, result.name):
                 continue
-            entry.setdefault("scores", {}).setdefault(result["name"], {})[
-                result["backend"]] = summary
+            entry.setdefault("scores", {}).setdefault(result.name, {})[
+                result.backend] = summary
             recorded.append(name)
         return data
 

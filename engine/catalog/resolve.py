@@ -5,6 +5,13 @@ The client resolves a name into paths, digests, scales and an identity; the engi
 process re-verifies every file against these digests before anything native touches
 it, so the identity always describes the bytes actually served. Sampling is not part
 of a spec: it travels once, in the request (`Sampling.of_profile` gives a profile's).
+
+Every function takes a `Catalog` or a `Snapshot` and reads one snapshot of it, so
+resolving a name parses the catalog at most once (a `Catalog` whose file has not
+changed since its last snapshot not at all). A plain base model has no profile: it is
+served with the context size from Settings (`Snapshot.base_n_ctx`) wherever it is
+asked for, so a name and the settings give one identity in every front end; a
+variant's own profile says its context size.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from engine.catalog.identity import (
 )
 from engine.catalog.profiles import DEFAULT_PROFILE, Sampling
 from engine.catalog.signatures import AdapterSigning, TrustedKey
-from engine.catalog.store import BACKENDS, AdapterSpec, Catalog
+from engine.catalog.store import BACKENDS, AdapterSpec, Reader
 from engine.errors import RefusedError, StudioError, UsageError
 
 
@@ -98,14 +105,17 @@ class SessionSpec:
         )
 
 
-def resolve(catalog: Catalog, name: str, n_ctx: int | None = None,
+def resolve(catalog: Reader, name: str, n_ctx: int | None = None,
             backend: str | None = None, ov_profile: str | None = None) -> SessionSpec:
     """Resolve a model or variant name into what the engine needs to serve it.
 
     `backend` serves it on another backend than its base's: the base's counterpart
     there and each adapter's file for that backend (`serving_base`). `ov_profile`
     names the OpenVINO profile (`compute_profile`); a llama.cpp base ignores it.
+    `n_ctx` replaces the context size (a replay's, recorded); None: the profile's, or
+    for a plain base the Settings' (see the module doc).
     """
+    catalog = catalog.snapshot()
     kind, record = catalog.find(name)
     ident = identity(catalog, name, n_ctx, backend, ov_profile)
     base = catalog.model(serving_base(catalog, name, backend))
@@ -133,13 +143,13 @@ def resolve(catalog: Catalog, name: str, n_ctx: int | None = None,
                        profile(catalog, name).get("system_prompt", ""), policy, trusted)
 
 
-def profile(catalog: Catalog, name: str) -> dict[str, Any]:
+def profile(catalog: Reader, name: str) -> dict[str, Any]:
     """The runtime profile of a variant; a plain base model has the defaults."""
     kind, record = catalog.find(name)
     return dict(record["profile"]) if kind == "variant" else dict(DEFAULT_PROFILE)
 
 
-def sampling(catalog: Catalog, name: str, **overrides: Any) -> Sampling:
+def sampling(catalog: Reader, name: str, **overrides: Any) -> Sampling:
     """The sampling a request for `name` uses: its profile's, with `overrides` on top.
 
     A plain base model has no profile of its own and samples with the defaults."""
@@ -147,21 +157,21 @@ def sampling(catalog: Catalog, name: str, **overrides: Any) -> Sampling:
     return Sampling.of_profile(record["profile"] if kind == "variant" else {}, **overrides)
 
 
-def identity(catalog: Catalog, name: str, n_ctx: int | None = None,
+def identity(catalog: Reader, name: str, n_ctx: int | None = None,
              backend: str | None = None, ov_profile: str | None = None) -> Identity:
     """The identity of a base model or variant as it would be served now.
 
     `backend` serves a variant on another backend: its base's counterpart there,
     and each adapter's file for that backend (see `serving_base`). `ov_profile`: the
-    OpenVINO profile (see `compute_profile`).
+    OpenVINO profile (see `compute_profile`). `n_ctx`: see `resolve`.
     """
+    catalog = catalog.snapshot()
     kind, record = catalog.find(name)
     if kind == "adapter":
         raise UsageError(f"{name!r} is an adapter; serve it through a variant")
     if kind == "model":
         base = serving_base(catalog, name, backend)
-        return identity_of_parts(catalog, base, [], n_ctx or DEFAULT_PROFILE["n_ctx"],
-                                 ov_profile)
+        return identity_of_parts(catalog, base, [], n_ctx or catalog.base_n_ctx, ov_profile)
     specs = [AdapterSpec(a["name"], a["scale"]) for a in record["adapters"]]
     return identity_of_parts(catalog, serving_base(catalog, name, backend), specs,
                              n_ctx or int(record["profile"].get("n_ctx", 4096)), ov_profile)
@@ -196,9 +206,10 @@ def compute_profile(base: dict[str, Any], ov_profile: str | None = None
                           entry["sha256"], int(entry.get("dynamic_quantization", 0)))
 
 
-def identity_of_parts(catalog: Catalog, base_name: str, adapters: list[AdapterSpec],
+def identity_of_parts(catalog: Reader, base_name: str, adapters: list[AdapterSpec],
                       n_ctx: int, ov_profile: str | None = None) -> Identity:
     """The identity a variant with these parts would have (nothing is saved)."""
+    catalog = catalog.snapshot()
     base = catalog.model(base_name)
     refs = tuple(AdapterRef(a.name, catalog.adapter_file(a.name, base["backend"])["sha256"],
                             a.scale) for a in adapters)
@@ -217,8 +228,9 @@ def identity_of_parts(catalog: Catalog, base_name: str, adapters: list[AdapterSp
     )
 
 
-def serving_base(catalog: Catalog, name: str, backend: str | None = None) -> str:
+def serving_base(catalog: Reader, name: str, backend: str | None = None) -> str:
     """The base model that serves model or variant `name` on `backend`."""
+    catalog = catalog.snapshot()
     kind, record = catalog.find(name)
     base = name if kind == "model" else record["base"]
     if backend is None or catalog.model(base)["backend"] == backend:
@@ -235,11 +247,12 @@ def serving_base(catalog: Catalog, name: str, backend: str | None = None) -> str
     return other
 
 
-def backends_for(catalog: Catalog, name: str) -> list[tuple[str, str | None]]:
+def backends_for(catalog: Reader, name: str) -> list[tuple[str, str | None]]:
     """Each backend with None if it can serve `name`, else the reason it cannot.
 
     The base's own backend comes first.
     """
+    catalog = catalog.snapshot()
     own = catalog.model(serving_base(catalog, name))["backend"]
     out: list[tuple[str, str | None]] = []
     for backend in (own, *(b for b in BACKENDS if b != own)):
@@ -251,12 +264,13 @@ def backends_for(catalog: Catalog, name: str) -> list[tuple[str, str | None]]:
     return out
 
 
-def counterpart(catalog: Catalog, base: str, backend: str) -> str | None:
+def counterpart(catalog: Reader, base: str, backend: str) -> str | None:
     """The model with the same weights as `base` on `backend`, if the catalog has one.
 
     Known pairs are models built from another (`built_from.sha256`), in either
     direction: the curated OpenVINO default mirrors the llama.cpp default this way.
     """
+    catalog = catalog.snapshot()
     record = catalog.model(base)
     if record["backend"] == backend:
         return base

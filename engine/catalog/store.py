@@ -5,6 +5,15 @@ base models stay where they are and are re-verified by digest; variants are sele
 models: a base plus ordered adapters with scales plus a profile. This module reads and
 looks up records, composes and removes them; every write goes through the state file's
 lock, and nothing that fails a check is written.
+
+Reading goes through a `Snapshot`: the catalog as one parse of its file, with what else
+shapes how a name is served (the context size a plain base runs with, from Settings).
+An operation (resolving a name, assembling a request, listing what the server offers)
+takes one snapshot and looks everything up in it, so it costs one parse, and every
+lookup of it sees the same catalog. A `Catalog` keeps its last snapshot and reads the
+file again only when the file's stamp changed (`StateFile.stamp`), so a long-lived
+process (the window, the server) parses it once per change, not once per lookup.
+Snapshot records are shared: read them, copy before changing anything.
 """
 
 from __future__ import annotations
@@ -23,8 +32,8 @@ from engine.errors import RefusedError, StateError, UnknownNameError, UsageError
 from engine.formats import artifacts
 from engine.formats.artifacts import AdapterInfo, BaseModelInfo
 from engine.formats.safeio import printable
-from engine.state import paths
-from engine.state.statefile import StateFile
+from engine.state import paths, settings
+from engine.state.statefile import Stamp, StateFile
 
 KINDS = ("models", "adapters", "variants")
 BACKENDS = ("llama", "openvino")
@@ -75,32 +84,26 @@ _INSPECTED_LOCK = threading.Lock()
 _INSPECTED_MAX = 256
 
 
-@dataclass
-class Catalog:
-    """Operations over the catalog file. Cheap to create; holds no open resources.
+@dataclass(frozen=True, eq=False)
+class Snapshot:
+    """The catalog as one read of its file (see the module doc): the lookups of a
+    `Catalog`, answered from memory. Read-only: its records are shared."""
 
-    Not shared across threads: a worker thread makes its own `Catalog(state)`.
-    """
+    raw: dict[str, Any]
+    path: Path
+    # The context size a plain base model is served with (Settings, "Context size (base
+    # models)"): a base has no profile of its own, and its identity includes it.
+    base_n_ctx: int = DEFAULT_PROFILE["n_ctx"]
 
-    state: StateFile = field(default_factory=lambda: StateFile(paths.catalog_file(), empty))
-
-    # ------------------------------------------------------------------ reading
-
-    def exists(self) -> bool:
-        return self.state.path.exists()
+    def snapshot(self) -> Snapshot:
+        return self
 
     def data(self) -> dict[str, Any]:
-        data = self.state.load()
-        if data.get("version") != SCHEMA_VERSION or not all(
-            isinstance(data.get(k), dict) for k in KINDS
-        ):
-            raise StateError(f"{self.state.path} has an unknown layout (version "
-                             f"{printable(str(data.get('version')))})")
-        return data
+        return self.raw
 
     def find(self, name: str) -> tuple[str, dict[str, Any]]:
         """(kind, record) for `name`, kind being 'model', 'adapter' or 'variant'."""
-        data = self.data()
+        data = self.raw
         for kind in KINDS:
             if name in data[kind]:
                 return kind[:-1], data[kind][name]
@@ -135,6 +138,66 @@ class Catalog:
             raise RefusedError(f"adapter {name} has no {backend} file (add one with "
                                f"`variant-studio adapter convert {name}`)")
         return files[backend]
+
+
+@dataclass
+class Catalog:
+    """Operations over the catalog file. Cheap to create; holds no open resources.
+
+    Not shared across threads: a worker thread makes its own `Catalog(state)` (its
+    last snapshot is its own too).
+    """
+
+    state: StateFile = field(default_factory=lambda: StateFile(paths.catalog_file(), empty))
+    _last: tuple[Stamp, Snapshot] | None = field(default=None, init=False, repr=False,
+                                                  compare=False)
+
+    # ------------------------------------------------------------------ reading
+
+    def exists(self) -> bool:
+        return self.state.path.exists()
+
+    def snapshot(self) -> Snapshot:
+        """The catalog as it is now, read once (again only if the file changed since)."""
+        stamp = self.state.stamp()
+        context = settings.load().context_size
+        last = self._last
+        if stamp is not None and last is not None and last[0] == stamp:
+            if last[1].base_n_ctx == context:
+                return last[1]
+            snapshot = Snapshot(last[1].raw, last[1].path, context)
+        else:
+            data = self.state.load()
+            if data.get("version") != SCHEMA_VERSION or not all(
+                isinstance(data.get(k), dict) for k in KINDS
+            ):
+                raise StateError(f"{self.state.path} has an unknown layout (version "
+                                 f"{printable(str(data.get('version')))})")
+            snapshot = Snapshot(data, self.state.path, context)
+        if stamp is not None:
+            self._last = (stamp, snapshot)
+        return snapshot
+
+    def data(self) -> dict[str, Any]:
+        """The whole catalog (shared with the current snapshot: read, do not change)."""
+        return self.snapshot().raw
+
+    def find(self, name: str) -> tuple[str, dict[str, Any]]:
+        """(kind, record) for `name`, kind being 'model', 'adapter' or 'variant'."""
+        return self.snapshot().find(name)
+
+    def model(self, name: str) -> dict[str, Any]:
+        return self.snapshot().model(name)
+
+    def adapter(self, name: str) -> dict[str, Any]:
+        return self.snapshot().adapter(name)
+
+    def variant(self, name: str) -> dict[str, Any]:
+        return self.snapshot().variant(name)
+
+    def adapter_file(self, name: str, backend: str) -> dict[str, Any]:
+        """The record of adapter `name`'s file for `backend` (path, sha256, base...)."""
+        return self.snapshot().adapter_file(name, backend)
 
     # ------------------------------------------------------------------ inspection
 
@@ -332,6 +395,10 @@ class Catalog:
         if adapters:
             self.state.update(note)
         return recorded
+
+
+# Whatever lookups read: a `Catalog` (a snapshot taken per call) or one `Snapshot`.
+Reader = Catalog | Snapshot
 
 
 def _did_you_mean(name: str, known: list[str]) -> str:

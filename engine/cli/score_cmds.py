@@ -12,6 +12,7 @@ from engine.catalog.store import Catalog
 from engine.cli.output import emit_json
 from engine.runtime import replay
 from engine.runtime.client import run_once
+from engine.runtime.results import GenerationResult
 from engine.training import score_sets
 
 
@@ -31,12 +32,6 @@ def _num(value: float | None, digits: int = 4) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def exact_text(result: dict[str, Any]) -> str:
-    if result.get("exact_match") is None:
-        return "n/a"
-    return f"{result['exact_match']:.1%} ({result['exact_matches']}/{result['exact_items']})"
-
-
 def cmd_score(catalog: Catalog, args: argparse.Namespace) -> int:
     data = score_sets.read_set(args.data)
     results = score_sets.score_models(catalog, list(args.names), data, backend=args.backend,
@@ -46,21 +41,21 @@ def cmd_score(catalog: Catalog, args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"data": {"file": Path(data.path).name, "sha256": data.sha256,
                             "format": data.format, "kind": data.kind, "rows": data.rows},
-                   "results": results})
+                   "results": [r.to_dict() for r in results]})
         return 0
     print(f"data: {Path(data.path).name} ({data.rows} items, {data.kind}, sha256 "
           f"{data.sha256[:12]}…)")
-    width = max(len("model"), *(len(r["name"]) for r in results))
+    width = max(len("model"), *(len(r.name) for r in results))
     # An OpenVINO row names its profile: `openvino/fast-int8`.
-    served = [r["backend"] + (f"/{r['openvino_profile']}" if r["openvino_profile"] else "")
+    served = [r.backend + (f"/{r.openvino_profile}" if r.openvino_profile else "")
               for r in results]
     column = max(len("backend"), *(len(s) for s in served))
     print(f"{'model':<{width}}  {'backend':<{column}}  items   tokens  mean NLL  perplexity  "
           "exact match")
     for r, backend in zip(results, served, strict=True):
-        print(f"{r['name']:<{width}}  {backend:<{column}} {r['items']:>6} {r['tokens']:>8}  "
-              f"{_num(r['mean_nll']):>8}  {_num(r['perplexity']):>10}  {exact_text(r)}")
-    kept = sorted({name for r in results for name in r["recorded_on"]})
+        print(f"{r.name:<{width}}  {backend:<{column}} {r.items:>6} {r.tokens:>8}  "
+              f"{_num(r.mean_nll):>8}  {_num(r.perplexity):>10}  {r.exact_text}")
+    kept = sorted({name for r in results for name in r.recorded_on or ()})
     if kept:
         print("kept as the latest scores of the evaluation set of " + ", ".join(kept))
     return 0
@@ -82,7 +77,8 @@ def cmd_eval(catalog: Catalog, args: argparse.Namespace) -> int:
 def cmd_replay(catalog: Catalog, args: argparse.Namespace) -> int:
     record = replay.load(args.file)
     plan = replay.plan(catalog, record)
-    result = run_once(plan.request) if plan.request is not None else None
+    result: GenerationResult | None = (run_once(plan.request) if plan.request is not None
+                                       else None)
     found = replay.verdict(plan, result)
     if args.json:
         emit_json(found)

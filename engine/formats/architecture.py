@@ -545,11 +545,17 @@ def _check_tensors(model: Model, header: Any) -> None:
                                f"says {list(shape)}")
 
 
+def short_name(role: str) -> str:
+    """`attn_q` -> `q`, `ffn_up` -> `up` (how `--targets` spells a role)."""
+    for short, known in SHORT_ROLES.items():
+        if known == role:
+            return short
+    return role
+
+
 def default_targets_text() -> str:
     """Each family's default LoRA targets in `--targets` spelling, for help texts
     ("q,v for llama, qwen2, ...; qkv for phi3")."""
-    from engine.formats.naming import short_name
-
     groups: dict[str, list[str]] = {}
     for fam in FAMILIES.values():
         spelled = ",".join(short_name(t) for t in fam.default_targets)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from engine.formats import architecture
-from engine.formats.architecture import PEFT_PREFIX, PROJECTION_ROLES, SHORT_ROLES
+from engine.formats.architecture import PEFT_PREFIX, PROJECTION_ROLES, SHORT_ROLES, short_name
 
 __all__ = ["PEFT_PREFIX", "PROJECTION_ROLES", "SHORT_ROLES", "gguf_to_module",
            "module_to_gguf", "role_of", "layer_of", "parse_targets", "short_name"]
@@ -58,14 +58,6 @@ def role_of(tensor_or_module: str) -> str | None:
 def layer_of(tensor_or_module: str) -> int | None:
     match = _GGUF_RE.match(tensor_or_module) or _HF_RE.match(tensor_or_module)
     return int(match.group(1)) if match else None
-
-
-def short_name(role: str) -> str:
-    """`attn_q` -> `q`, `ffn_up` -> `up` (how `--targets` spells a role)."""
-    for short, known in SHORT_ROLES.items():
-        if known == role:
-            return short
-    return role
 
 
 def parse_targets(text: str, arch: str | None = None) -> tuple[str, ...]:

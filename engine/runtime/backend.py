@@ -4,7 +4,8 @@ A `ResidentModel` is a loaded base (weights, tokenizer) that many sessions share
 `Context` is one session over it, with a fixed adapter set and its own KV state. The
 llama.cpp backend (`engine.runtime.llama.backend`) and the OpenVINO backend
 (`engine.runtime.openvino.backend`) implement these protocols; `load_model` is the only
-place that names them, so `engine.runtime.sessions` knows nothing else about either.
+place that names them, so the sessions know nothing else about either. The backends
+import nothing from here (the protocols are structural), so there is no import circle.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from engine.catalog.identity import ComputeProfile
 from engine.catalog.resolve import AdapterFile
 from engine.errors import RefusedError
 from engine.formats.artifacts import AdapterInfo
+from engine.runtime.tokens import common_prefix
+
+__all__ = ["BACKENDS", "AdapterSet", "Context", "ResidentModel", "TextStream",
+           "common_prefix", "load_model"]
 
 BACKENDS = ("llama", "openvino")
 CancelCheck = Callable[[], bool]
@@ -94,7 +99,13 @@ class ResidentModel(Protocol):
         ...
 
     def new_context(self, adapters: AdapterSet, n_ctx: int, n_batch: int) -> Context:
-        """A context for `adapters`; prompts are decoded in chunks of `n_batch`."""
+        """A context for `adapters` (loaded now unless loaded already, once per digest);
+        prompts are decoded in chunks of `n_batch`."""
+        ...
+
+    def unload_adapter(self, sha256: str) -> None:
+        """Free what this model holds of adapter `sha256` (no context uses it any more:
+        `engine.runtime.adapters` counts them). Nothing loaded: nothing happens."""
         ...
 
     def details(self) -> dict[str, Any]:
@@ -102,16 +113,6 @@ class ResidentModel(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def load_model(backend: str, path: str, sha256: str, n_threads: int,

@@ -2,7 +2,8 @@
 
 `EngineClient` starts `python -m engine.runtime.host` on demand (a `ChildProcess`),
 gives every request an id, delivers its typed events (`engine.runtime.messages`) to a
-callback on the reader thread, and guarantees each request ends exactly once:
+callback on the reader thread (a request's result read as its typed result, `engine.
+runtime.results`), and guarantees each request ends exactly once:
 finished, failed or cancelled. If the process dies, every request in flight fails with
 "engine stopped: ..." and the last lines of its log, and the next request starts a
 fresh engine. The GUI wraps this in Qt signals; the CLI, the local server and tests
@@ -33,6 +34,7 @@ class RequestHandle:
     id: str
     op: str
     on_event: EventCallback | None
+    kind: type[m.Request] | None = None  # reads the result (None: raw JSON, `submit_raw`)
     done: threading.Event = field(default_factory=threading.Event)
     outcome: str | None = None  # finished | failed | cancelled
     result: Any = None
@@ -104,7 +106,13 @@ class EngineClient:
             handle = self._pending.get(str(message.get("id")))
         if handle is None:
             return
-        event = m.decode_event(message)
+        try:
+            event = m.decode_event(message, handle.kind)
+        except StudioError as exc:  # an engine of another version, or a bug
+            if message.get("event") != "finished":
+                return
+            event = m.Failed(EngineError(f"the engine answered {handle.op} with a malformed "
+                                         f"result: {exc.message}"))
         if event is None:
             return
         if isinstance(event, m.TERMINAL):
@@ -168,14 +176,16 @@ class EngineClient:
     def submit(self, request: m.Request, on_event: EventCallback | None = None
                ) -> RequestHandle:
         """Send a typed request; its events go to `on_event` (on the reader thread)."""
-        return self.submit_raw(request.OP, request.to_params(), on_event)
+        return self.submit_raw(request.OP, request.to_params(), on_event, type(request))
 
-    def submit_raw(self, op: str, params: Any, on_event: EventCallback | None = None
-                   ) -> RequestHandle:
-        """Send a request as wire data: only for tests of what the engine refuses."""
+    def submit_raw(self, op: str, params: Any, on_event: EventCallback | None = None,
+                   kind: type[m.Request] | None = None) -> RequestHandle:
+        """Send a request as wire data (tests of what the engine refuses send it so;
+        without `kind` its result stays the raw JSON)."""
         with self._lock:
             child = self._ensure_started()
-            handle = RequestHandle(f"r{next(self._ids)}", op, on_event, engine=self.starts)
+            handle = RequestHandle(f"r{next(self._ids)}", op, on_event, kind,
+                                   engine=self.starts)
             self._pending[handle.id] = handle
             # A failed write: the reader sees the exit and fails this request.
             child.write({"id": handle.id, "op": op, "params": params})

@@ -6,8 +6,10 @@ object (the Anki pattern: a single executor for the resource that is unsafe to s
 the main thread keeps reading so that cancel requests take effect during long work.
 Requests are decoded into the typed messages of `engine.runtime.messages`.
 
-The engine thread is a small scheduler. Generate and compare requests become
-`GenerationTask`s that advance in turn, one prompt chunk or one token each, so any
+The engine thread is a small scheduler over one `SessionRegistry` (residents and
+sessions, `engine.runtime.sessions`). Generate and compare requests become
+`GenerationTask`s (`engine.runtime.generation`) that advance in turn, one prompt chunk
+or one token each, so any
 number of requests (the local server's clients, the window's chat and comparison)
 progress together and a long generation never blocks a short one. Score requests are
 tasks too (`engine.runtime.scoring.ScoreTask`: one item, prompt chunk or greedy token
@@ -15,10 +17,12 @@ per step), so an evaluation runs beside the chat instead of in front of it. Quic
 (`HANDLERS`: ping, describe) are answered at once; work that needs the engine to
 itself (`EXCLUSIVE`: warming a session, a cross-check, a build, closing everything)
 waits until the running tasks have finished, and later requests wait behind it.
+Results are typed values (`engine.runtime.results`), written as JSON here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -29,12 +33,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from engine import wire
 from engine.errors import Cancelled, StudioError
 from engine.runtime import messages as m
 from engine.runtime import protocol
 from engine.runtime.worker import ChildChannel
+
+if TYPE_CHECKING:
+    from engine.runtime.sessions import SessionRegistry
 
 
 @dataclass
@@ -56,7 +64,7 @@ class Host:
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._pending: dict[str, Job] = {}
         self._pending_lock = threading.Lock()
-        self._manager: Any = None
+        self._registry: SessionRegistry | None = None
 
     # ---------------------------------------------------------------- main thread
 
@@ -99,8 +107,6 @@ class Host:
     # ---------------------------------------------------------------- engine thread
 
     def _engine_loop(self) -> None:
-        from engine.runtime.sessions import GenerationTask
-
         running: list[tuple[Job, Any]] = []  # GenerationTask or ScoreTask
         waiting: list[Job] = []  # behind an exclusive job, in arrival order
         while True:
@@ -126,7 +132,7 @@ class Host:
                     self._run(job, lambda r=request, j=job: EXCLUSIVE[type(r)](self, r, j))
                 elif isinstance(request, m.Generate | m.Score):
                     waiting.pop(0)
-                    task = self._start_task(job, request, GenerationTask)
+                    task = self._start_task(job, request)
                     if task is not None:
                         running.append((job, task))
                 else:
@@ -147,8 +153,8 @@ class Host:
                     self._finished(job, result)
         for _job, task in running:
             task.close()
-        if self._manager is not None:
-            self._manager.close_all()
+        if self._registry is not None:
+            self._registry.close_all()
 
     def _take(self, block: bool) -> list[Job | None]:
         """The requests queued now (None stands for "stop"), waiting for one if `block`."""
@@ -161,8 +167,7 @@ class Host:
             pass
         return taken
 
-    def _start_task(self, job: Job, request: m.Generate | m.Score, task_type: Any) -> Any:
-        kind = "compare" if isinstance(request, m.Compare) else "generate"
+    def _start_task(self, job: Job, request: m.Generate | m.Score) -> Any:
         try:
             if job.cancelled():
                 raise Cancelled("cancelled before it started")
@@ -171,10 +176,13 @@ class Host:
                 # must not stop the chat or the server for minutes (engine.runtime.scoring).
                 from engine.runtime.scoring import ScoreTask
 
-                return ScoreTask(self.manager(), request, self.emitter(job), job.cancelled)
-            return task_type(self.manager(), kind, request.spec, request.prompt,
-                             request.sampling, self.emitter(job), job.cancelled,
-                             request.top_logprobs)
+                return ScoreTask(self.registry(), request, self.emitter(job), job.cancelled)
+            from engine.runtime.generation import GenerationTask
+
+            kind = "compare" if isinstance(request, m.Compare) else "generate"
+            return GenerationTask(self.registry(), kind, request.spec, request.prompt,
+                                  request.sampling, self.emitter(job), job.cancelled,
+                                  request.top_logprobs)
         except Exception as exc:
             self._failed(job, exc)
             return None
@@ -190,7 +198,7 @@ class Host:
             self._finished(job, result)
 
     def _finished(self, job: Job, result: Any) -> None:
-        self.channel.send({"id": job.id, "event": "finished", "result": result})
+        self.channel.send({"id": job.id, "event": "finished", "result": wire.encode(result)})
         self._forget(job)
 
     def _failed(self, job: Job, exc: BaseException) -> None:
@@ -207,13 +215,19 @@ class Host:
         with self._pending_lock:
             self._pending.pop(job.id, None)
 
-    def manager(self) -> Any:
-        if self._manager is None:
-            from engine.runtime.sessions import SessionManager
+    def registry(self) -> SessionRegistry:
+        """The residents and sessions, created on first use."""
+        if self._registry is None:
+            from engine.runtime.sessions import SessionRegistry
 
-            self._manager = SessionManager(max_sessions=configured_sessions(),
-                                           n_threads=configured_threads())
-        return self._manager
+            self._registry = SessionRegistry(max_sessions=configured_sessions(),
+                                             n_threads=configured_threads())
+        return self._registry
+
+    @property
+    def started(self) -> SessionRegistry | None:
+        """The registry if anything was asked of it yet (else None: nothing loaded)."""
+        return self._registry
 
     def emitter(self, job: Job) -> Callable[..., None]:
         def emit(event: str, **payload: Any) -> None:
@@ -233,34 +247,39 @@ def _ping(host: Host, request: m.Ping, job: Job) -> Any:
 
 
 def _describe(host: Host, request: m.Describe, job: Job) -> Any:
-    return host.manager().describe() if host._manager else _idle_description()
+    if host.started is None:
+        from engine.runtime.sessions import idle_status
+
+        # n_threads as the sessions will use it, so the window can show it before any load.
+        return idle_status(configured_sessions(), configured_threads())
+    return host.started.describe()
 
 
 def _open(host: Host, request: m.Open, job: Job) -> Any:
-    host.manager().open(request.spec, job.cancelled, host.progress(job))
-    return host.manager().describe()
+    host.registry().open(request.spec, job.cancelled, host.progress(job))
+    return host.registry().describe()
 
 
 def _cross_check(host: Host, request: m.CrossCheck, job: Job) -> Any:
+    from engine.runtime import cross_check
     from engine.runtime.openvino import genai_check
 
-    manager = host.manager()
+    registry = host.registry()
     first, second = request.first, request.second
     # Everything printed on stderr meanwhile (OpenVINO's own LoRA warnings among it)
     # goes into the report, as well as to the engine's log.
     stderr: list[str] = []
     with genai_check.captured_stderr(stderr):
-        result = manager.cross_check(first, second, list(request.prompts), request.tokens,
-                                     job.cancelled)
+        result = cross_check.run(registry, request, job.cancelled)
         if request.genai:
             which = "second" if second.backend == "openvino" else "first"
-            result["genai"] = genai_check.run(
+            result = dataclasses.replace(result, genai=genai_check.run(
                 second if which == "second" else first,
-                [r[which] for r in result["prompts"]], list(request.prompts), manager,
-                job.cancelled)
-    result["openvino_warnings"] = genai_check.openvino_warnings(stderr)
-    result["unused_lora_tensors"] = genai_check.unused_tensors(stderr)
-    return result
+                [getattr(r, which) for r in result.prompts], list(request.prompts),
+                registry, job.cancelled))
+    return dataclasses.replace(
+        result, openvino_warnings=tuple(genai_check.openvino_warnings(stderr)),
+        unused_lora_tensors=tuple(genai_check.unused_tensors(stderr)))
 
 
 def _build_openvino(host: Host, request: m.BuildOpenVino, job: Job) -> Any:
@@ -271,8 +290,8 @@ def _build_openvino(host: Host, request: m.BuildOpenVino, job: Job) -> Any:
 
 
 def _close_all(host: Host, request: m.CloseAll, job: Job) -> Any:
-    if host._manager:
-        host._manager.close_all()
+    if host.started is not None:
+        host.started.close_all()
     return {}
 
 
@@ -313,14 +332,6 @@ def configured_sessions() -> int:
     except ValueError:
         value = 3
     return min(max(value, 1), 64)
-
-
-def _idle_description() -> dict[str, Any]:
-    from engine.runtime.sessions import memory_usage
-
-    # n_threads as the sessions will use it, so the window can show it before any load.
-    return {"pid": os.getpid(), "residents": [], "sessions": [], "memory": memory_usage(),
-            "max_sessions": configured_sessions(), "n_threads": configured_threads()}
 
 
 def _versions() -> dict[str, str]:

@@ -14,7 +14,7 @@ then exactly one of `finished`, `failed` or `cancelled` per request) over the
   type is the base's own, check the result with our strict reader, and compare its
   adapted tensors with the base on the same grid (`formats.merge.measure_weights`).
 - `CheckRequest` ("check"): the merged model (a plain base), the dynamic variant and
-  its base in sessions of this process's own `SessionManager`, on the same token ids:
+  its base in sessions of this process's own `SessionRegistry`, on the same token ids:
   next-token KL per position, teacher-forced on each evaluation item's answer (or on
   the variant's greedy continuation when there is none), and greedy answers of all
   three for the task figures.
@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -46,9 +46,12 @@ from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.errors import Cancelled, EngineError, RefusedError, StudioError
 from engine.formats import merge
-from engine.runtime import protocol
+from engine.runtime import prompting, protocol
 from engine.runtime.messages import Prompt
 from engine.runtime.worker import ChildChannel, ChildProcess, describe_exit
+
+if TYPE_CHECKING:
+    from engine.runtime.sessions import SessionRegistry
 
 MODULE = "engine.runtime.merge_work"
 MAX_ITEMS = 256
@@ -275,24 +278,26 @@ def run_merge(request: MergeRequest, progress: ProgressFn, cancelled: CancelChec
 def run_check(request: CheckRequest, progress: ProgressFn, cancelled: CancelCheck,
               n_threads: int) -> dict[str, Any]:
     """KL and greedy answers of the variant, its base and the merged model."""
-    from engine.runtime.sessions import GenerationTask, SessionManager, resident_key, run_task
+    from engine.runtime.cross_check import greedy
+    from engine.runtime.generation import GenerationTask, run_task
+    from engine.runtime.sessions import SessionRegistry
 
-    manager = SessionManager(max_sessions=4, max_bases=2, n_threads=n_threads)
+    registry = SessionRegistry(max_sessions=4, max_bases=2, n_threads=n_threads)
     sides = {"variant": request.variant, "base": request.base, "merged": request.merged}
     try:
         progress("loading models", 0.0)
-        sessions = {k: manager.open(spec, cancelled) for k, spec in sides.items()}
+        sessions = {k: registry.open(spec, cancelled) for k, spec in sides.items()}
         rows = []
         totals = {"kl_variant_base": 0.0, "kl_variant_merged": 0.0, "top1_merged": 0,
                   "top1_base": 0, "positions": 0}
         for index, item in enumerate(request.items):
             if cancelled():
                 raise Cancelled("the merge check was cancelled")
-            tokens, continuation = _tokens(manager, sides, item, cancelled)
+            tokens, continuation = _tokens(registry, sides, item, cancelled)
             if item.kind == "probe":
-                model = manager.residents[resident_key(request.variant)].model
-                continuation = _greedy(sessions["variant"].context, model, tokens,
-                                       request.probe_tokens)
+                continuation = greedy(registry.model(request.variant),
+                                      sessions["variant"].context, tokens,
+                                      request.probe_tokens)
             if not continuation:
                 continue
             scored = {k: sessions[k].context.score(tokens, continuation) for k in sides}
@@ -322,23 +327,22 @@ def run_check(request: CheckRequest, progress: ProgressFn, cancelled: CancelChec
         for index, item in enumerate(request.items[:request.greedy]):
             if not item.exact:
                 raise RefusedError("merge check: greedy items need a prompt and an answer")
-            model = manager.residents[resident_key(request.variant)].model
             # Room for the answer and a little more: an answer that is longer than that
             # cannot match it exactly, and a base rambling on costs no more time.
-            length = len(model.tokenize(item.answer or "", add_special=False,
-                                        parse_special=False))
+            length = len(prompting.answer_tokens(registry.model(request.variant),
+                                                 item.answer or ""))
             sampling = replace(request.sampling, max_tokens=min(length + EXTRA_TOKENS,
                                                                 request.sampling.max_tokens))
             prompt = _served_prompt(item)
             for key, spec in sides.items():
-                task = GenerationTask(manager, "generate", spec, prompt, sampling,
+                task = GenerationTask(registry, "generate", spec, prompt, sampling,
                                       lambda *a, **k: None, cancelled)
-                answers[key].append(run_task(task)["text"])
+                answers[key].append(run_task(task).text)
             progress("answering", (index + 1) / request.greedy)
         result["answers"] = answers if request.greedy else None
         return result
     finally:
-        manager.close_all()
+        registry.close_all()
 
 
 def _served_prompt(item: EvalItem) -> Prompt:
@@ -349,45 +353,31 @@ def _served_prompt(item: EvalItem) -> Prompt:
     return Prompt(text=item.prompt.text)
 
 
-def _tokens(manager: Any, sides: dict[str, SessionSpec], item: EvalItem,
+def _tokens(registry: SessionRegistry, sides: dict[str, SessionSpec], item: EvalItem,
             cancelled: CancelCheck) -> tuple[list[int], list[int]]:
     """(context, teacher-forced tokens) of an item, the same for all three sides (the
     merged file's tokenizer is checked to agree); a probe's tokens come later."""
     found: list[tuple[list[int], list[int]]] = []
     for spec in sides.values():
-        resident = manager._resident(spec, cancelled, None)
-        model, add_bos = resident.model, bool(resident.info.add_bos)
+        resident = registry.resident(spec, cancelled)
+        model, info = resident.model, resident.info
         if item.kind == "text":
-            ids = model.tokenize(item.answer or "", add_special=add_bos, parse_special=True)
+            ids = prompting.text_tokens(model, info, item.answer or "")
             found.append((ids[:1], ids[1:]))
             continue
         if item.kind == "probe":
-            found.append((manager.prompt_tokens(spec, item.prompt, cancelled), []))
+            found.append((prompting.prompt_tokens(model, info, spec, item.prompt), []))
             continue
         if item.kind == "chat":
-            prompt = manager.prompt_tokens(spec, _served_prompt(item), cancelled)
+            prompt = prompting.prompt_tokens(model, info, spec, _served_prompt(item))
         else:
-            prompt = model.tokenize(item.prompt.text or "", add_special=add_bos,
-                                    parse_special=True)
-        target = model.tokenize(item.answer or "", add_special=False, parse_special=False)
+            prompt = prompting.text_tokens(model, info, item.prompt.text or "")
+        target = prompting.answer_tokens(model, item.answer or "")
         found.append((prompt, target) if prompt else (target[:1], target[1:]))
     if any(f != found[0] for f in found[1:]):
         raise RefusedError("the merged model does not give the variant's token ids for the "
                            "same item: its tokenizer differs")
     return found[0]
-
-
-def _greedy(context: Any, model: Any, prompt: list[int], count: int) -> list[int]:
-    logits = context.prefill(prompt, reserve=count)
-    out: list[int] = []
-    while len(out) < count:
-        token = int(np.argmax(logits))
-        if model.is_end(token):
-            break
-        out.append(token)
-        if len(out) < count:
-            logits = context.step(token)
-    return out
 
 
 # ------------------------------------------------------------------------- child side

@@ -1,25 +1,37 @@
 """The engine's typed messages: every request it takes and every event it sends.
 
-Front ends (the window, the CLI, the local server, tests) build requests here and hand
-them to `EngineClient.submit`; the host decodes them here and dispatches by type, so a
-request has one shape everywhere. On the wire a request is `{"id", "op", "params"}`
-(see `engine.runtime.protocol`); `to_params` / `decode_request` convert. A malformed
-request is refused (RefusedError) before any handler runs.
+Front ends (the window, the CLI, the local server, tests) build requests here (most
+through `engine.runtime.assembly`) and hand them to `EngineClient.submit`; the host
+decodes them here and dispatches by type, so a request has one shape everywhere. On
+the wire a request is `{"id", "op", "params"}` (see `engine.runtime.protocol`);
+`to_params` / `decode_request` convert, through the one checker of `engine.wire`
+(each field's type and bounds are its hint). A malformed request is refused
+(RefusedError) before any handler runs; a request built in-process with a wrong value
+is refused where it is built.
 
 Events: `Token` and `Progress` while a request runs, then exactly one of `Finished`
-(with the result, a JSON object), `Failed` (a typed error) or `Cancelled`.
+(with the request's typed result, `RESULT`: `engine.runtime.results`), `Failed` (a
+typed error) or `Cancelled`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
+from engine import wire
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.errors import RefusedError, StudioError
 from engine.formats.templates import ROLES, Message
 from engine.runtime import protocol
+from engine.runtime.results import (
+    CompareResult,
+    CrossCheckResult,
+    EngineStatus,
+    GenerationResult,
+    ScoreResult,
+)
 
 MAX_MESSAGES = 4096
 MAX_CROSS_CHECK_PROMPTS = 64
@@ -33,56 +45,48 @@ SCORE_KINDS = ("text", "pair", "chat")
 
 
 @dataclass(frozen=True)
-class Prompt:
+class Prompt(wire.Wire):
     """What to generate from: raw text, or chat messages rendered by the template."""
 
     text: str | None = None
-    messages: tuple[Message, ...] = ()
+    messages: Annotated[tuple[Message, ...], wire.Size(0, MAX_MESSAGES)] = ()
     chat: bool = False
     system: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "chat": self.chat, "system": self.system,
-                "messages": [{"role": m.role, "content": m.content} for m in self.messages]}
-
-    @staticmethod
-    def from_dict(data: dict[str, Any]) -> Prompt:
-        raw = data.get("messages") or []
-        if not isinstance(raw, list) or len(raw) > MAX_MESSAGES:
-            raise RefusedError(f"messages must be a list of at most {MAX_MESSAGES}")
-        messages = []
-        for item in raw:
-            if not isinstance(item, dict) or item.get("role") not in ROLES or not isinstance(
-                    item.get("content"), str):
-                raise RefusedError("each message needs a role (system, user or assistant) "
-                                   "and text content")
-            messages.append(Message(item["role"], item["content"]))
-        text, system = data.get("text"), data.get("system")
-        if text is not None and not isinstance(text, str):
-            raise RefusedError("prompt text must be a string")
-        if system is not None and not isinstance(system, str):
-            raise RefusedError("system prompt must be a string")
-        return Prompt(text, tuple(messages), bool(data.get("chat")), system)
+    def __post_init__(self) -> None:
+        wire.check(self)
+        if any(m.role not in ROLES for m in self.messages):
+            raise RefusedError("each message needs a role (system, user or assistant) "
+                               "and text content")
 
 
 # --------------------------------------------------------------------------- requests
 
 
 class Request:
-    """Base of the engine's requests: `OP` names it on the wire."""
+    """Base of the engine's requests: `OP` names it on the wire, `RESULT` is the type of
+    what it finishes with (None: a plain JSON value)."""
 
     OP: ClassVar[str]
+    RESULT: ClassVar[type[wire.Wire] | None] = None
 
     def to_params(self) -> dict[str, Any]:
-        return {}
+        return wire.encode_fields(self)
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> Request:
-        return cls()
+        return wire.decode(cls, params)
+
+    @classmethod
+    def decode_result(cls, raw: Any) -> Any:
+        """The typed result of a `finished` event for this request."""
+        return raw if cls.RESULT is None else cls.RESULT.from_dict(raw)
 
 
 @dataclass(frozen=True)
 class Ping(Request):
+    """Is the engine there? (answers `{"pid"}`)"""
+
     OP: ClassVar[str] = "ping"
 
 
@@ -91,10 +95,13 @@ class Describe(Request):
     """Resident bases, sessions (identity, adapters, memory), threads."""
 
     OP: ClassVar[str] = "describe"
+    RESULT: ClassVar[type[wire.Wire] | None] = EngineStatus
 
 
 @dataclass(frozen=True)
 class CloseAll(Request):
+    """Close every session and resident (answers `{}`)."""
+
     OP: ClassVar[str] = "close_all"
 
 
@@ -110,14 +117,8 @@ class Open(Request):
     """Warm a session: load the base and the adapters, create the context."""
 
     OP: ClassVar[str] = "open"
+    RESULT: ClassVar[type[wire.Wire] | None] = EngineStatus
     spec: SessionSpec
-
-    def to_params(self) -> dict[str, Any]:
-        return {"spec": self.spec.to_dict()}
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> Open:
-        return cls(SessionSpec.from_dict(params["spec"]))
 
 
 @dataclass(frozen=True)
@@ -125,26 +126,15 @@ class Generate(Request):
     """Generate from `prompt` with the model or variant `spec`; streams `Token`s."""
 
     OP: ClassVar[str] = "generate"
+    RESULT: ClassVar[type[wire.Wire] | None] = GenerationResult
     spec: SessionSpec
     prompt: Prompt
     sampling: Sampling = field(default_factory=Sampling)
-    top_logprobs: int = 0  # the most likely alternatives reported per token (0..20)
+    # The most likely alternatives reported per token.
+    top_logprobs: Annotated[int, wire.Range(0, MAX_TOP_LOGPROBS)] = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.top_logprobs, bool) or not isinstance(self.top_logprobs, int) or \
-                not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise RefusedError(f"top_logprobs must be 0..{MAX_TOP_LOGPROBS}")
-
-    def to_params(self) -> dict[str, Any]:
-        return {"spec": self.spec.to_dict(), "prompt": self.prompt.to_dict(),
-                "sampling": self.sampling.to_dict(), "top_logprobs": self.top_logprobs}
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> Generate:
-        return cls(SessionSpec.from_dict(params["spec"]),
-                   Prompt.from_dict(params.get("prompt") or {}),
-                   Sampling.from_dict(params.get("sampling") or {}),
-                   params.get("top_logprobs", 0))
+        wire.check(self)
 
 
 @dataclass(frozen=True)
@@ -152,6 +142,7 @@ class Compare(Generate):
     """The variant `spec` and its base, same prompt and sampling, side by side."""
 
     OP: ClassVar[str] = "compare"
+    RESULT: ClassVar[type[wire.Wire] | None] = CompareResult
 
 
 @dataclass(frozen=True)
@@ -159,53 +150,33 @@ class CrossCheck(Request):
     """The same model or variant on two backends, on the same token ids."""
 
     OP: ClassVar[str] = "cross_check"
+    RESULT: ClassVar[type[wire.Wire] | None] = CrossCheckResult
     first: SessionSpec
     second: SessionSpec
-    prompts: tuple[Prompt, ...]
-    tokens: int = 8
+    prompts: Annotated[tuple[Prompt, ...], wire.Size(1, MAX_CROSS_CHECK_PROMPTS)]
+    # Tokens decoded per prompt.
+    tokens: Annotated[int, wire.Range(1, MAX_CROSS_CHECK_TOKENS)] = 8
     genai: bool = False
 
     def __post_init__(self) -> None:
-        if not 1 <= len(self.prompts) <= MAX_CROSS_CHECK_PROMPTS:
-            raise RefusedError(f"cross_check needs 1 to {MAX_CROSS_CHECK_PROMPTS} prompts")
-        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or not (
-                1 <= self.tokens <= MAX_CROSS_CHECK_TOKENS):
-            raise RefusedError(f"cross_check decodes 1 to {MAX_CROSS_CHECK_TOKENS} tokens "
-                               "per prompt")
-
-    def to_params(self) -> dict[str, Any]:
-        return {"first": self.first.to_dict(), "second": self.second.to_dict(),
-                "prompts": [p.to_dict() for p in self.prompts], "tokens": self.tokens,
-                "genai": self.genai}
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> CrossCheck:
-        return cls(SessionSpec.from_dict(params["first"]),
-                   SessionSpec.from_dict(params["second"]),
-                   tuple(Prompt.from_dict(p) for p in params.get("prompts") or []),
-                   params.get("tokens", 8), bool(params.get("genai")))
+        wire.check(self)
 
 
 @dataclass(frozen=True)
 class BuildOpenVino(Request):
-    """Build (or find in the cache) the structurally named OpenVINO IR of a GGUF base."""
+    """Build (or find in the cache) the structurally named OpenVINO IR of a GGUF base
+    (answers `openvino.build.BuildResult.to_dict()`, read by the catalog step that
+    records the build)."""
 
     OP: ClassVar[str] = "build_openvino"
     source: str
 
-    def to_params(self) -> dict[str, Any]:
-        return {"source": self.source}
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> BuildOpenVino:
-        source = params["source"]
-        if not isinstance(source, str):
-            raise TypeError("source must be a path")
-        return cls(source)
+    def __post_init__(self) -> None:
+        wire.check(self)
 
 
 @dataclass(frozen=True)
-class ScoreItem:
+class ScoreItem(wire.Wire):
     """One item to score, teacher-forced (see `engine.runtime.scoring`).
 
     `kind` "text": `target` is a whole text, every token but its first scored. "pair":
@@ -214,27 +185,13 @@ class ScoreItem:
     included, no profile system prompt added) then `target`, the last assistant turn.
     `line` is where the item came from (1-based; 0 when it came from nowhere)."""
 
-    kind: str
-    target: str
+    kind: Literal["text", "pair", "chat"]
+    target: Annotated[str, wire.Size(1, None)]
     prompt: Prompt = field(default_factory=Prompt)
-    line: int = 0
+    line: Annotated[int, wire.Range(0, None)] = 0
 
     def __post_init__(self) -> None:
-        if self.kind not in SCORE_KINDS:
-            raise RefusedError(f"score items are {', '.join(SCORE_KINDS)}, not {self.kind!r}")
-        if not isinstance(self.target, str) or not self.target:
-            raise RefusedError("a score item needs text to score")
-        if isinstance(self.line, bool) or not isinstance(self.line, int) or self.line < 0:
-            raise RefusedError("a score item's line is a number")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "target": self.target, "prompt": self.prompt.to_dict(),
-                "line": self.line}
-
-    @staticmethod
-    def from_dict(data: dict[str, Any]) -> ScoreItem:
-        return ScoreItem(data["kind"], data["target"], Prompt.from_dict(data.get("prompt") or {}),
-                         data.get("line", 0))
+        wire.check(self)
 
 
 @dataclass(frozen=True)
@@ -245,27 +202,14 @@ class Score(Request):
     scored token's log-probability in the result (off for very large sets)."""
 
     OP: ClassVar[str] = "score"
+    RESULT: ClassVar[type[wire.Wire] | None] = ScoreResult
     spec: SessionSpec
-    items: tuple[ScoreItem, ...]
+    items: Annotated[tuple[ScoreItem, ...], wire.Size(1, MAX_SCORE_ITEMS)]
     exact_match: bool = False
     per_token: bool = True
 
     def __post_init__(self) -> None:
-        if not 1 <= len(self.items) <= MAX_SCORE_ITEMS:
-            raise RefusedError(f"score needs 1 to {MAX_SCORE_ITEMS} items")
-
-    def to_params(self) -> dict[str, Any]:
-        return {"spec": self.spec.to_dict(), "items": [i.to_dict() for i in self.items],
-                "exact_match": self.exact_match, "per_token": self.per_token}
-
-    @classmethod
-    def from_params(cls, params: dict[str, Any]) -> Score:
-        items = params.get("items")
-        if not isinstance(items, list):
-            raise RefusedError("items must be a list")
-        return cls(SessionSpec.from_dict(params["spec"]),
-                   tuple(ScoreItem.from_dict(i) for i in items[:MAX_SCORE_ITEMS + 1]),
-                   bool(params.get("exact_match")), bool(params.get("per_token", True)))
+        wire.check(self)
 
 
 REQUESTS: dict[str, type[Request]] = {cls.OP: cls for cls in (
@@ -285,16 +229,13 @@ def decode_request(op: str, params: Any) -> Request:
     except StudioError as exc:
         # e.g. a sampling setting out of range: refused with its own reason
         raise RefusedError(f"malformed {op} request: {exc.message}") from None
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        # e.g. a non-finite scale in the identity: refused, not an internal error
-        raise RefusedError(f"malformed {op} request: {type(exc).__name__}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- events
 
 
 @dataclass(frozen=True)
-class Token:
+class Token(wire.Wire):
     """One generated token of one side ("main", or "base"/"variant" in a comparison);
     `top` holds the most likely alternatives as (token id, text, logprob) when the
     request asked for them."""
@@ -309,13 +250,15 @@ class Token:
 
 
 @dataclass(frozen=True)
-class Progress:
+class Progress(wire.Wire):
     stage: str
     fraction: float
 
 
 @dataclass(frozen=True)
 class Finished:
+    """The request's result: its `RESULT` type once the client has read it."""
+
     result: Any
 
 
@@ -331,21 +274,21 @@ class Cancelled:
 
 Event = Token | Progress | Finished | Failed | Cancelled
 TERMINAL = (Finished, Failed, Cancelled)
+ENVELOPE = ("id", "event")
 
 
-def decode_event(message: dict[str, Any]) -> Event | None:
-    """The typed event of an engine message (None for one this client does not know)."""
+def decode_event(message: dict[str, Any], request: type[Request] | None = None
+                 ) -> Event | None:
+    """The typed event of an engine message (None for one this client does not know);
+    a `finished` result is read as `request`'s result type."""
     kind = message.get("event")
-    if kind == "token":
-        return Token(str(message.get("side", "main")), int(message.get("token_id", -1)),
-                     str(message.get("text", "")), float(message.get("logprob", 0.0)),
-                     int(message.get("index", 0)),
-                     tuple((int(i), str(t), float(lp)) for i, t, lp in message.get("top") or ()),
-                     str(message.get("piece", "")))
-    if kind == "progress":
-        return Progress(str(message.get("stage", "")), float(message.get("fraction", 0.0)))
+    if kind in ("token", "progress"):
+        cls = Token if kind == "token" else Progress
+        return wire.decode(cls, {k: v for k, v in message.items() if k not in ENVELOPE},
+                           kind, extra=True)
     if kind == "finished":
-        return Finished(message.get("result"))
+        raw = message.get("result")
+        return Finished(request.decode_result(raw) if request is not None else raw)
     if kind == "failed":
         return Failed(protocol.error_from_payload(message.get("error") or {}))
     if kind == "cancelled":

@@ -24,11 +24,14 @@ from typing import Any
 
 from engine.catalog.identity import Identity
 from engine.catalog.profiles import Sampling
-from engine.catalog.resolve import SessionSpec, resolve
-from engine.catalog.store import Catalog
+from engine.catalog.resolve import SessionSpec
+from engine.catalog.store import Reader
 from engine.errors import RefusedError, StudioError
 from engine.formats.safeio import open_regular
+from engine.runtime import assembly
 from engine.runtime.messages import Generate, Prompt
+from engine.runtime.results import GenerationResult
+from engine.runtime.tokens import first_divergence
 
 FORMAT = "variant-studio-replay/1"
 MAX_RECORD_BYTES = 64 << 20
@@ -153,16 +156,17 @@ class ReplayPlan:
     missing: str | None = None
 
 
-def plan(catalog: Catalog, rec: ReplayRecord) -> ReplayPlan:
+def plan(catalog: Reader, rec: ReplayRecord) -> ReplayPlan:
     """Resolve the record's model again, on its backend with its context size."""
     try:
-        spec = resolve(catalog, rec.name, n_ctx=rec.identity.context.n_ctx,
-                       backend=rec.identity.backend)
+        request = assembly.request(catalog, rec.name, rec.prompt,
+                                   backend=rec.identity.backend,
+                                   n_ctx=rec.identity.context.n_ctx, base_sampling=rec.sampling)
     except StudioError as exc:
         return ReplayPlan(rec, None, None, (), f"the identity no longer exists: "
                                                 f"{exc.message}")
-    return ReplayPlan(rec, Generate(spec, rec.prompt, rec.sampling), spec.identity,
-                      tuple(identity_changes(rec.identity, spec.identity)))
+    return ReplayPlan(rec, request, request.spec.identity,
+                      tuple(identity_changes(rec.identity, request.spec.identity)))
 
 
 def _short(sha: str | None) -> str:
@@ -212,7 +216,7 @@ def identity_changes(old: Identity, new: Identity) -> list[str]:
 # --------------------------------------------------------------------------- verdict
 
 
-def verdict(replay_plan: ReplayPlan, result: dict[str, Any] | None) -> dict[str, Any]:
+def verdict(replay_plan: ReplayPlan, result: GenerationResult | None) -> dict[str, Any]:
     """Identical, diverged (where, and why when it can say) or unavailable."""
     rec = replay_plan.record
     out: dict[str, Any] = {
@@ -228,10 +232,10 @@ def verdict(replay_plan: ReplayPlan, result: dict[str, Any] | None) -> dict[str,
     if result is None:
         out.update(verdict="unavailable", reason=replay_plan.missing)
         return out
-    got = [int(t) for t in result["token_ids"]]
-    got_texts = (result.get("replay") or {}).get("token_texts") or [""] * len(got)
+    got = list(result.token_ids)
+    got_texts = (result.replay or {}).get("token_texts") or [""] * len(got)
     out["got_tokens"] = len(got)
-    index = _first_divergence(list(rec.token_ids), got)
+    index = first_divergence(rec.token_ids, got)
     if index is None:
         out.update(verdict="identical", identical=True,
                    reason="identical, although the identity differs: "
@@ -245,7 +249,7 @@ def verdict(replay_plan: ReplayPlan, result: dict[str, Any] | None) -> dict[str,
 
     out["first_divergence"] = {"index": index, "expected": token(rec.token_ids, rec.token_texts),
                                "got": token(got, got_texts)}
-    prompt_now = (result.get("replay") or {}).get("prompt_sha256")
+    prompt_now = (result.replay or {}).get("prompt_sha256")
     if replay_plan.changes:
         reason = "the identity differs: " + "; ".join(replay_plan.changes)
     elif rec.prompt_sha256 and prompt_now and prompt_now != rec.prompt_sha256:
@@ -254,13 +258,6 @@ def verdict(replay_plan: ReplayPlan, result: dict[str, Any] | None) -> dict[str,
         reason = "the tokens differ under the same identity"
     out.update(verdict="diverged", reason=reason)
     return out
-
-
-def _first_divergence(a: list[int], b: list[int]) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def verdict_line(result: dict[str, Any]) -> str:

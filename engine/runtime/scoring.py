@@ -31,10 +31,12 @@ import numpy as np
 
 from engine.catalog.profiles import Sampling
 from engine.errors import Cancelled, ContextOverflowError, RefusedError, StudioError
+from engine.runtime import prompting
 from engine.runtime.backend import ResidentModel, TextStream
 from engine.runtime.messages import Prompt, Score, ScoreItem
+from engine.runtime.results import ScoreResult, ScoreRow, adapters_of
 from engine.runtime.sampler import Sampler, log_softmax
-from engine.runtime.sessions import CancelCheck, Emit, OpenSession, SessionManager, resident_key
+from engine.runtime.sessions import CancelCheck, Emit, OpenSession, SessionRegistry
 
 # Per-token log-probabilities in one result at most (a result is one protocol line).
 MAX_PER_TOKEN = 1_000_000
@@ -76,9 +78,9 @@ class ScoreTask:
     """One `Score` request, advanced a step at a time (the host's scheduler calls
     `advance` like a `GenerationTask`'s; `close` releases its session)."""
 
-    def __init__(self, manager: SessionManager, request: Score, emit: Emit,
+    def __init__(self, registry: SessionRegistry, request: Score, emit: Emit,
                  cancelled: CancelCheck) -> None:
-        self.manager = manager
+        self.registry = registry
         self.request = request
         self.spec = request.spec
         self.emit = emit
@@ -88,7 +90,7 @@ class ScoreTask:
         self.session: OpenSession | None = None
         self.row: dict[str, Any] | None = None  # the current item's figures so far
         self.greedy: Greedy | None = None
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[ScoreRow] = []
         self.started_at = time.perf_counter()
 
     @property
@@ -96,7 +98,7 @@ class ScoreTask:
         return self.prepared is not None
 
     def _model(self) -> ResidentModel:
-        return self.manager.residents[resident_key(self.spec)].model
+        return self.registry.model(self.spec)
 
     # ------------------------------------------------------------------ preparing
 
@@ -130,31 +132,31 @@ class ScoreTask:
     def _tokenize(self, item: ScoreItem) -> Prepared:
         spec = self.spec
         # Loads the resident (and checks the base's digest) on first use.
-        resident = self.manager._resident(spec, self.cancelled, None)
-        model, add_bos = resident.model, bool(resident.info.add_bos)
+        resident = self.registry.resident(spec, self.cancelled)
+        model, info = resident.model, resident.info
         prompt: list[int] = []
         if item.kind == "chat":
             if not item.prompt.messages:
                 raise RefusedError("a chat item needs the messages before its answer")
             # The conversation as the data gives it: no profile system prompt is added,
             # so the base and every variant score the same tokens.
-            prompt = self.manager.prompt_tokens(
-                spec, Prompt(messages=item.prompt.messages, chat=True, system=""),
-                self.cancelled)
+            prompt = prompting.prompt_tokens(
+                model, info, spec, Prompt(messages=item.prompt.messages, chat=True,
+                                          system=""))
         elif item.kind == "text":
-            ids = model.tokenize(item.target, add_special=add_bos, parse_special=True)
+            ids = prompting.text_tokens(model, info, item.target)
             return Prepared(item, ids[:1], ids[1:], False)
         if item.kind == "pair" and item.prompt.text:
-            prompt = model.tokenize(item.prompt.text, add_special=add_bos, parse_special=True)
+            prompt = prompting.text_tokens(model, info, item.prompt.text)
         # The answer's own tokens, as training tokenizes a completion.
-        target = model.tokenize(item.target, add_special=False, parse_special=False)
+        target = prompting.answer_tokens(model, item.target)
         if not prompt:  # an empty prompt: the first token has nothing to predict it
             return Prepared(item, target[:1], target[1:], False)
         return Prepared(item, prompt, target, True)
 
     # ------------------------------------------------------------------ stepping
 
-    def advance(self) -> dict[str, Any] | None:
+    def advance(self) -> ScoreResult | None:
         if self.cancelled():
             raise Cancelled("cancelled")
         if self.prepared is None:
@@ -162,7 +164,7 @@ class ScoreTask:
             return None
         current = self.prepared[self.index]
         if self.session is None:
-            session = self.manager.acquire(self.spec, current.prompt, self.cancelled)
+            session = self.registry.acquire(self.spec, current.prompt, self.cancelled)
             if session is None:
                 return None  # every session of this identity is busy: wait
             session.context.cancelled = self.cancelled
@@ -227,9 +229,9 @@ class ScoreTask:
         self.row["answer"] = self.greedy.text
         return True
 
-    def _next_item(self) -> dict[str, Any] | None:
+    def _next_item(self) -> ScoreResult | None:
         assert self.row is not None and self.prepared is not None
-        self.rows.append(self.row)
+        self.rows.append(ScoreRow.from_dict(self.row))
         self.row, self.greedy = None, None
         self._release()
         self.index += 1
@@ -238,8 +240,8 @@ class ScoreTask:
         return self._result() if self.index == len(self.prepared) else None
 
     def _release(self) -> None:
-        if self.session is not None and self.session in self.manager.sessions:
-            self.manager.release(self.session)
+        if self.session is not None:
+            self.registry.release(self.session)
         self.session = None
 
     def close(self) -> None:
@@ -247,26 +249,20 @@ class ScoreTask:
 
     # ------------------------------------------------------------------ result
 
-    def _result(self) -> dict[str, Any]:
+    def _result(self) -> ScoreResult:
         spec = self.spec
-        tokens = sum(r["tokens"] for r in self.rows)
-        nll = sum(r["nll"] for r in self.rows)
+        tokens = sum(r.tokens for r in self.rows)
+        nll = sum(r.nll for r in self.rows)
         mean = nll / tokens if tokens else None
-        judged = [r["exact"] for r in self.rows if r["exact"] is not None]
-        return {
-            "name": spec.name, "kind": spec.kind, "backend": spec.backend,
-            "identity": spec.identity.key, "identity_short": spec.identity.short,
-            "openvino_profile": (spec.identity.compute.name if spec.identity.compute
-                                 else None),
-            "adapters": [{"name": a.name, "sha256": a.sha256, "scale": a.scale}
-                         for a in spec.adapters],
-            "items": len(self.rows), "tokens": tokens, "nll": nll, "mean_nll": mean,
-            "perplexity": perplexity(mean),
-            "exact_items": len(judged), "exact_matches": sum(judged),
-            "exact_match": sum(judged) / len(judged) if judged else None,
-            "seconds": time.perf_counter() - self.started_at,
-            "rows": self.rows,
-        }
+        judged = [r.exact for r in self.rows if r.exact is not None]
+        return ScoreResult(
+            name=spec.name, kind=spec.kind, backend=spec.backend,
+            identity=spec.identity.key, identity_short=spec.identity.short,
+            openvino_profile=spec.identity.compute.name if spec.identity.compute else None,
+            adapters=adapters_of(spec), items=len(self.rows), tokens=tokens, nll=nll,
+            mean_nll=mean, perplexity=perplexity(mean), exact_items=len(judged),
+            exact_matches=sum(judged), exact_match=sum(judged) / len(judged) if judged
+            else None, seconds=time.perf_counter() - self.started_at, rows=tuple(self.rows))
 
 
 def perplexity(mean_nll: float | None) -> float | None:

@@ -37,12 +37,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine import __version__
-from engine.catalog import resolve
 from engine.catalog.resolve import SessionSpec
-from engine.catalog.store import Catalog
+from engine.catalog.store import Catalog, Snapshot
 from engine.errors import StudioError
 from engine.formats.templates import Message
 from engine.runtime import messages as m
+from engine.runtime.results import GenerationResult
 from engine.serve import schemas
 from engine.serve.bridge import EngineBridge
 from engine.serve.config import ServeConfig, is_loopback
@@ -172,7 +172,7 @@ async def get_model(request: Request) -> Response:
 async def status(request: Request) -> Response:
     state = state_of(request)
     try:
-        engine = await state.bridge.call(m.Describe())
+        engine: dict[str, Any] = (await state.bridge.call(m.Describe())).to_dict()
     except StudioError as exc:
         engine = {"state": "unavailable", "error": exc.message}
     config = state.config
@@ -196,20 +196,20 @@ async def embeddings(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     state = state_of(request)
     body = schemas.parse(schemas.ChatCompletionRequest, await _json(request))
-    spec = state.models.spec(body.model)
+    snapshot = state.models.offered(body.model)
     prompt = m.Prompt(messages=tuple(
         Message("system" if msg.role == "developer" else msg.role, msg.text())
         for msg in body.messages), chat=True)
-    return await _serve(request, state, spec, body, prompt, chat=True)
+    return await _serve(request, state, snapshot, body, prompt, chat=True)
 
 
 async def completions(request: Request) -> Response:
     state = state_of(request)
     body = schemas.parse(schemas.CompletionRequest, await _json(request))
-    spec = state.models.spec(body.model)
+    snapshot = state.models.offered(body.model)
     if not body.text():
         raise ApiError(400, "the prompt is empty", "prompt", "invalid_value")
-    return await _serve(request, state, spec, body, m.Prompt(body.text()), chat=False)
+    return await _serve(request, state, snapshot, body, m.Prompt(body.text()), chat=False)
 
 
 async def _json(request: Request) -> Any:
@@ -221,26 +221,26 @@ async def _json(request: Request) -> Any:
                        "invalid_json") from None
 
 
-def _sampling(state: ServerState, spec: SessionSpec, body: Any) -> Any:
+def _generate(state: ServerState, snapshot: Snapshot, body: Any, prompt: m.Prompt
+              ) -> m.Generate:
+    """The engine request (`runtime.assembly`, as every front end builds it): the
+    model's profile with the request's sampling fields on top."""
     limit = body.token_limit()
     if limit is not None and limit > state.config.max_tokens:
         field = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) \
             else "max_tokens"
         raise ApiError(400, f"{field} {limit} is more than this server allows "
                        f"({state.config.max_tokens})", field, "invalid_value")
-    try:
-        sampling = resolve.sampling(state.models.catalog, spec.name, max_tokens=limit,
-                                    temperature=body.temperature, top_p=body.top_p,
-                                    seed=body.seed, top_k=body.top_k,
-                                    repeat_penalty=body.repeat_penalty)
-        return dataclasses.replace(sampling, stop=body.stops())
-    except StudioError as exc:
-        raise ApiError(400, exc.message, None, "invalid_value") from None
+    return state.models.request(snapshot, body.model, prompt, body.alternatives(),
+                                max_tokens=limit, temperature=body.temperature,
+                                top_p=body.top_p, seed=body.seed, top_k=body.top_k,
+                                repeat_penalty=body.repeat_penalty, stop=body.stops())
 
 
-async def _serve(request: Request, state: ServerState, spec: SessionSpec, body: Any,
+async def _serve(request: Request, state: ServerState, snapshot: Snapshot, body: Any,
                  prompt: m.Prompt, chat: bool) -> Response:
-    generate = m.Generate(spec, prompt, _sampling(state, spec, body), body.alternatives())
+    generate = _generate(state, snapshot, body, prompt)
+    spec = generate.spec
     reply = Reply(state, request.url.path, spec, chat, body)
     headers = {"x-variant-identity": spec.identity.key}
     if body.stream:
@@ -271,17 +271,16 @@ class Reply:
         return {"id": self.id, "object": kind, "created": self.created,
                 "model": self.spec.name, "system_fingerprint": self.fingerprint}
 
-    def _log(self, status: int, result: dict[str, Any] | None) -> None:
-        result = result or {}
+    def _log(self, status: int, result: GenerationResult | None) -> None:
         self.state.record(LogEntry(
             time.time(), self.path, self.spec.name, self.spec.identity.short,
-            int(result.get("prompt_tokens", 0)), len(result.get("token_ids", [])),
-            float(result.get("tokens_per_second", 0.0)), status,
+            result.prompt_tokens if result else 0, len(result.token_ids) if result else 0,
+            result.tokens_per_second if result else 0.0, status,
             time.monotonic() - self.started))
 
     @staticmethod
-    def usage(result: dict[str, Any]) -> dict[str, int]:
-        prompt, completion = int(result["prompt_tokens"]), len(result["token_ids"])
+    def usage(result: GenerationResult) -> dict[str, int]:
+        prompt, completion = result.prompt_tokens, len(result.token_ids)
         return {"prompt_tokens": prompt, "completion_tokens": completion,
                 "total_tokens": prompt + completion}
 
@@ -311,23 +310,23 @@ class Reply:
             finally:
                 gone.cancel()
         self._log(200, result)
-        finish = FINISH.get(result["finish_reason"], "stop")
+        finish = FINISH.get(result.finish_reason or "", "stop")
         logprobs = self._logprobs(tokens) if generate.top_logprobs else None
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result["text"]},
+            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
                       "logprobs": logprobs, "finish_reason": finish}
             return {**self._head("chat.completion"), "choices": [choice],
                     "usage": self.usage(result), **self.extra(result)}
-        choice = {"index": 0, "text": result["text"], "logprobs": logprobs,
+        choice = {"index": 0, "text": result.text, "logprobs": logprobs,
                   "finish_reason": finish}
         return {**self._head("text_completion"), "choices": [choice],
                 "usage": self.usage(result), **self.extra(result)}
 
     @staticmethod
-    def extra(result: dict[str, Any]) -> dict[str, Any]:
+    def extra(result: GenerationResult) -> dict[str, Any]:
         """Our own field (OpenAI clients keep unknown ones): what `variant-studio replay`
         regenerates this answer from."""
-        return {"variant_studio": {"replay": result.get("replay")}}
+        return {"variant_studio": {"replay": result.replay}}
 
     def _logprobs(self, tokens: list[m.Token]) -> dict[str, Any]:
         if self.chat:
@@ -365,7 +364,7 @@ class Reply:
                           "finish_reason": finish}
             return json.dumps({**self._head(kind), "choices": [choice], **extra})
 
-        result: dict[str, Any] | None = None
+        result: GenerationResult | None = None
         try:
             async with self.state.bridge.stream(generate) as events:
                 if self.chat:
@@ -394,7 +393,7 @@ class Reply:
             raise
         assert result is not None
         self._log(200, result)
-        yield chunk(None, FINISH.get(result["finish_reason"], "stop"))
+        yield chunk(None, FINISH.get(result.finish_reason or "", "stop"))
         if include_usage:
             yield json.dumps({**self._head(kind), "choices": [], "usage": self.usage(result)})
         yield "[DONE]"

@@ -2,6 +2,11 @@
 
 Window geometry and the data directory location itself are Qt's business (QSettings
 in the GUI): they must be known before the data directory is.
+
+`load` is called for every request a front end assembles (a plain base's context size
+is part of its identity), so it keeps the last value read and parses the file again
+only when its stamp changed (`StateFile.stamp`); `Settings` is frozen, so the value
+is safe to share.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from typing import Any
 
 from engine.errors import UsageError
 from engine.state import paths
-from engine.state.statefile import StateFile
+from engine.state.statefile import Stamp, StateFile
 
 
 @dataclass(frozen=True)
@@ -35,15 +40,27 @@ def _state() -> StateFile:
     return StateFile(paths.settings_file(), dict)
 
 
+# (path, stamp, value) of the last read: one tuple, replaced whole (threads share it).
+_last: tuple[str, Stamp, Settings] | None = None
+
+
 def load() -> Settings:
+    global _last
     state = _state()
+    stamp = state.stamp()
+    last = _last
+    if stamp is not None and last is not None and last[:2] == (str(state.path), stamp):
+        return last[2]
     data = state.load()
     known = {f.name for f in fields(Settings)}
     try:
-        return Settings(**{k: v for k, v in data.items() if k in known}).validated()
+        value = Settings(**{k: v for k, v in data.items() if k in known}).validated()
     except (TypeError, UsageError):
         state.reject()  # set aside with a notice rather than overwritten unseen
         return Settings()
+    if stamp is not None:
+        _last = (str(state.path), stamp, value)
+    return value
 
 
 def update(**changes: Any) -> Settings:

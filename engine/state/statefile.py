@@ -6,6 +6,12 @@ fsynced, then replaces the old file, so a crash leaves either the old or the new
 version. Read-modify-write happens under an inter-process lock, so two running
 instances cannot lose each other's updates. A file that does not parse is set aside
 (renamed with a `.corrupt-<time>` suffix) with a notice, never silently replaced.
+
+`stamp()` says whether a file may have changed since it was last read, without reading
+it, so a long-lived reader (the catalog in the window or the server) parses it again
+only when it did: the file's identity and times from `stat`, and a count of the writes
+this process made to that path (two writes within one tick of the file system's clock
+can leave the same times and size behind).
 """
 
 from __future__ import annotations
@@ -28,6 +34,31 @@ from engine.errors import StateError
 _notices: list[str] = []
 _taken = 0
 _notices_lock = threading.Lock()
+# Writes this process made, per path (see `stamp`).
+_writes: dict[str, int] = {}
+_writes_lock = threading.Lock()
+
+Stamp = tuple[Any, ...]
+
+
+def _wrote(path: Path) -> None:
+    with _writes_lock:
+        _writes[str(path)] = _writes.get(str(path), 0) + 1
+
+
+def file_stamp(path: Path) -> Stamp | None:
+    """What changes whenever the file at `path` does (None: unknown, read it again).
+
+    A missing file has a stamp too (it may be created later; the stamp then differs)."""
+    with _writes_lock:
+        writes = _writes.get(str(path), 0)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return (writes, "missing")
+    except OSError:
+        return None
+    return (writes, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def notices() -> list[str]:
@@ -61,6 +92,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        _wrote(path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -92,6 +124,10 @@ class StateFile:
         except filelock.Timeout as exc:
             raise StateError(f"{self.path.name} is locked by another process") from exc
 
+    def stamp(self) -> Stamp | None:
+        """See `file_stamp`: equal stamps mean the file was not changed in between."""
+        return file_stamp(self.path)
+
     def load(self) -> Any:
         """Read the file; a missing file gives the default, a corrupt one is set aside."""
         try:
@@ -119,6 +155,7 @@ class StateFile:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{os.getpid()}")
             os.replace(self.path, aside)
+            _wrote(self.path)
         add_notice(f"{self.path.name} was unreadable and was set aside as {aside.name}")
         return self._default()
 
@@ -164,6 +201,10 @@ class MemoryState:
     def __init__(self, path: Path, data: Any) -> None:
         self.path = path
         self._data = data
+        self._revision = 0
+
+    def stamp(self) -> Stamp:
+        return ("memory", id(self), self._revision)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
@@ -174,7 +215,9 @@ class MemoryState:
 
     def save(self, data: Any) -> None:
         self._data = copy.deepcopy(data)
+        self._revision += 1
 
     def update(self, change: Callable[[Any], Any]) -> Any:
         self._data = change(copy.deepcopy(self._data))
+        self._revision += 1
         return copy.deepcopy(self._data)

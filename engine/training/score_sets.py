@@ -21,6 +21,7 @@ data is (`engine.catalog.evaluation.record_score`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from engine.errors import UsageError
 from engine.formats.safeio import open_regular
 from engine.runtime import messages
 from engine.runtime.client import EngineClient
+from engine.runtime.results import ScoreResult
 from engine.training import data
 
 ProgressCallback = Callable[[str, float], None]
@@ -159,7 +161,7 @@ def score_models(catalog: Catalog, names: list[str], score_set: ScoreSet,
                  backend: str | None = None, exact_match: bool = True,
                  per_token: bool = False, client: EngineClient | None = None,
                  progress: ProgressCallback | None = None,
-                 record: bool = True, ov_profile: str | None = None) -> list[dict[str, Any]]:
+                 record: bool = True, ov_profile: str | None = None) -> list[ScoreResult]:
     """Score each model or variant on `score_set`, in order, in one engine process.
 
     Every name is resolved first, so an unknown one is refused before any work. With
@@ -188,8 +190,8 @@ def score_models(catalog: Catalog, names: list[str], score_set: ScoreSet,
                 engine.cancel(handle)
                 handle.done.wait(30)
                 raise
-            result["recorded_on"] = (evaluation.record_score(catalog, score_set.sha256,
-                                                             result) if record else [])
+            result = dataclasses.replace(result, recorded_on=tuple(
+                evaluation.record_score(catalog, score_set.sha256, result) if record else ()))
             results.append(result)
     finally:
         if own:

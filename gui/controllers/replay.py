@@ -20,6 +20,7 @@ from PySide6.QtCore import QObject, Signal
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
 from engine.runtime import replay
+from engine.runtime.results import GenerationResult
 from gui.engine_client import QtEngineClient, Reply
 
 
@@ -50,7 +51,7 @@ class ReplayRunner(QObject):
         reply = self.client.submit(plan.request)
         self.reply = reply
 
-        def finished(result: Any) -> None:
+        def finished(result: GenerationResult) -> None:
             self.verdict.emit(replay.verdict(plan, result))
 
         def failed(message: str, _details: list | None = None) -> None:

@@ -4,13 +4,12 @@ hover."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from PySide6.QtCharts import QScatterSeries
 from PySide6.QtCore import QPointF
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QWidget
 
+from engine.runtime.results import ScoreResult, ScoreRow
 from gui.widgets.charting import ChartView
 
 NLL_COLOR = QColor("#2f6fdf")
@@ -29,7 +28,7 @@ class ScoreChart(ChartView):
                         "differs from the expected one")
         self.name = title
         self.values: list[float] = []
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[ScoreRow] = []
         self.series = self.line(title or "mean NLL", NLL_COLOR)
         self.misses = QScatterSeries()
         self.misses.setName("exact match missed")
@@ -40,12 +39,12 @@ class ScoreChart(ChartView):
         self.misses.hovered.connect(lambda point, state: state and self._hover(point))
         self.set_result(None)
 
-    def set_result(self, result: dict[str, Any] | None) -> None:
-        self.rows = list((result or {}).get("rows") or [])
-        self.values = [r["mean_nll"] if r["mean_nll"] is not None else 0.0 for r in self.rows]
+    def set_result(self, result: ScoreResult | None) -> None:
+        self.rows = list(result.rows) if result is not None else []
+        self.values = [r.mean_nll if r.mean_nll is not None else 0.0 for r in self.rows]
         self.series.replace([QPointF(i + 1, v) for i, v in enumerate(self.values)])
         self.misses.replace([QPointF(i + 1, self.values[i]) for i, r in enumerate(self.rows)
-                             if r.get("exact") is False])
+                             if r.exact is False])
         high = max(max(self.values, default=1.0), 0.1) * 1.1
         self.set_x_range(1, max(len(self.values), 2))
         self.y_axis.setRange(0.0, high)
@@ -57,7 +56,7 @@ class ScoreChart(ChartView):
         if index is None:
             return
         row = self.rows[index]
-        exact = {True: "exact match", False: "exact match missed", None: ""}[row.get("exact")]
-        where = f"line {row['line']}" if row.get("line") else f"item {index + 1}"
+        exact = {True: "exact match", False: "exact match missed", None: ""}[row.exact]
+        where = f"line {row.line}" if row.line else f"item {index + 1}"
         self.tooltip(f"{self.name} · {where}: {self.values[index]:.4f} nats/token over "
-                     f"{row['tokens']} tokens" + (f" · {exact}" if exact else ""))
+                     f"{row.tokens} tokens" + (f" · {exact}" if exact else ""))

@@ -27,7 +27,7 @@ from engine.catalog.resolve import AdapterFile
 from engine.errors import Cancelled, EngineError, RefusedError
 from engine.formats.artifacts import AdapterInfo
 from engine.formats.safeio import printable
-from engine.runtime.backend import common_prefix
+from engine.runtime.tokens import common_prefix
 
 _log_lines: deque[str] = deque(maxlen=500)
 _log_partial = [""]
@@ -113,8 +113,8 @@ class LlamaModel:
                                details=recent_log())
         self.vocab = llama_cpp.llama_model_get_vocab(self.ptr)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        # Loaded adapters by digest; `engine.runtime.adapters` says when one is freed.
         self.adapters: dict[str, ctypes.c_void_p] = {}
-        self.adapter_users: dict[str, int] = {}
         self.size_bytes = int(llama_cpp.llama_model_size(self.ptr))
         # f16 keys and values of every layer, per KV cell (llama.cpp's default types).
         n_head = max(llama_cpp.llama_model_n_head(self.ptr), 1)
@@ -174,8 +174,10 @@ class LlamaModel:
 
     # -------------------------------------------------------------- adapters
 
-    def acquire_adapter(self, adapter: AdapterFile) -> ctypes.c_void_p:
-        """Load an adapter (once per digest) and count a user of it."""
+    def load_adapter(self, adapter: AdapterFile) -> ctypes.c_void_p:
+        """The native adapter of `adapter`'s file, loaded once per digest. It stays
+        loaded until `unload_adapter` (the engine's adapter manager calls it when no
+        session uses it) or until the model closes."""
         if adapter.sha256 not in self.adapters:
             mark = log_mark()
             ptr = llama_cpp.llama_adapter_lora_init(self.ptr, adapter.path.encode())
@@ -187,15 +189,13 @@ class LlamaModel:
                 raise RefusedError(f"llama.cpp rejected adapter {adapter.name}: {reason}",
                                    details=tuple(said[-12:]))
             self.adapters[adapter.sha256] = ptr
-            self.adapter_users[adapter.sha256] = 0
-        self.adapter_users[adapter.sha256] += 1
         return self.adapters[adapter.sha256]
 
-    def release_adapter(self, sha256: str) -> None:
-        self.adapter_users[sha256] -= 1
-        if self.adapter_users[sha256] <= 0:
-            llama_cpp.llama_adapter_lora_free(self.adapters.pop(sha256))
-            del self.adapter_users[sha256]
+    def unload_adapter(self, sha256: str) -> None:
+        """Free a loaded adapter (every context using it was freed first)."""
+        ptr = self.adapters.pop(sha256, None)
+        if ptr is not None:
+            llama_cpp.llama_adapter_lora_free(ptr)
 
     def close(self) -> None:
         # Adapters first: the model frees still-attached adapters itself, so freeing
@@ -203,7 +203,6 @@ class LlamaModel:
         for ptr in self.adapters.values():
             llama_cpp.llama_adapter_lora_free(ptr)
         self.adapters.clear()
-        self.adapter_users.clear()
         if self.ptr:
             llama_cpp.llama_model_free(self.ptr)
             self.ptr = None
@@ -282,13 +281,12 @@ class LlamaContext:
             return bool(self.cancelled())
 
         self._abort_cb = should_abort
-        self.adapter_shas: list[str] = []
+        # Borrowed from the model (loaded there once per digest; never freed here).
         self._adapter_ptrs: list[ctypes.c_void_p] = []
         self._scales = [a.scale for a in adapters]
         try:
             for adapter in adapters:
-                self._adapter_ptrs.append(model.acquire_adapter(adapter))
-                self.adapter_shas.append(adapter.sha256)
+                self._adapter_ptrs.append(model.load_adapter(adapter))
             self._allocate(capacity_for(0, n_ctx))
         except BaseException:
             self.close()
@@ -458,6 +456,4 @@ class LlamaContext:
         if self.ptr:
             llama_cpp.llama_free(self.ptr)
             self.ptr = None
-        for sha in self.adapter_shas:
-            self.model.release_adapter(sha)
-        self.adapter_shas = []
+        self._adapter_ptrs = []

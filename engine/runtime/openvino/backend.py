@@ -397,6 +397,12 @@ class OvModel:
                                          "total_tensors": a.plan.total_tensors}
                                         for sha, a in self.adapters.items()]}
 
+    def unload_adapter(self, sha256: str) -> None:
+        """Drop a registered adapter's arrays (no session uses it any more: the live
+        contexts keep their own branches). Its layers keep their LoRA branches in the
+        prompt graph: removing them would cost a recompile, and rank 0 adds nothing."""
+        self.adapters.pop(sha256, None)
+
     def close(self) -> None:
         self.compiled = self._prompt_request = None
         self.steppers.clear()

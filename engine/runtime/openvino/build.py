@@ -59,12 +59,10 @@ from engine.formats.architecture import (
     FFN_UP,
     Model,
 )
+from engine.runtime.openvino.common import RECIPE, version_token, weight_constant
 from engine.state import paths
 from engine.state.statefile import write_json_atomic
 
-# v2: every family GenAI's reader knows, the rotary table replaced by llama.cpp's in f32
-# (v1 kept the reader's f16 table, blind to rope_freqs and linear scaling).
-RECIPE = "f16-structural-v2"
 CACHE_ENV = "VARIANT_STUDIO_OPENVINO_CACHE"
 DEFAULT_OPENVINO_MODEL_NAME = "smollm2-135m-instruct-openvino"
 MANIFEST = "build.json"
@@ -111,11 +109,6 @@ def cache_root(create: bool = True) -> Path:
     if create:
         root.mkdir(parents=True, exist_ok=True)
     return root
-
-
-def version_token(version: str, length: int) -> str:
-    """A version string as it may stand in a cache folder's name."""
-    return re.sub(r"[^0-9A-Za-z.]", "_", version)[:length]
 
 
 def build_key(source_sha256: str) -> str:
@@ -390,18 +383,6 @@ class _Projection:
     const_name: str
 
 
-def _weight_constant(node: Any) -> Any | None:
-    """The Constant behind a MatMul's weight input (through decompression Converts)."""
-    for _ in range(4):
-        kind = node.get_type_name()
-        if kind == "Constant":
-            return node
-        if kind != "Convert":
-            return None
-        node = node.input_value(0).get_node()
-    return None
-
-
 def name_projections(model: Any, description: Model) -> NamingReport:
     """Give each decoder projection MatMul optimum-intel's name, from structure alone.
 
@@ -422,7 +403,7 @@ def name_projections(model: Any, description: Model) -> NamingReport:
     for op in ops:
         if op.get_type_name() != "MatMul" or op.get_input_size() != 2:
             continue
-        const = _weight_constant(op.input_value(1).get_node())
+        const = weight_constant(op.input_value(1).get_node())
         if const is None:
             continue
         shape = list(const.get_output_shape(0))

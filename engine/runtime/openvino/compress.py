@@ -52,8 +52,8 @@ import numpy as np
 
 from engine.errors import Cancelled, EngineError, RefusedError
 from engine.formats import architecture, gguf_file, naming
-from engine.runtime.openvino.build import RECIPE as EXACT_RECIPE
-from engine.runtime.openvino.build import version_token
+from engine.runtime.openvino.common import RECIPE as EXACT_RECIPE
+from engine.runtime.openvino.common import version_token, weight_constant
 from engine.state.statefile import write_json_atomic
 
 Progress = Callable[[str, float], None]
@@ -243,12 +243,10 @@ def _count_formats(model: Any) -> dict[str, int]:
 
 def _f16_weights(model: Any) -> dict[str, np.ndarray]:
     """The weight of each structurally named projection of an F16 IR, by MatMul name."""
-    from engine.runtime.openvino.build import _weight_constant
-
     out = {}
     for op in model.get_ordered_ops():
         if op.get_type_name() == "MatMul" and _NAME.fullmatch(op.get_friendly_name()):
-            const = _weight_constant(op.input_value(1).get_node())
+            const = weight_constant(op.input_value(1).get_node())
             if const is not None:
                 out[op.get_friendly_name()] = const.get_data()
     return out

@@ -22,12 +22,17 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.catalog import validation
 from engine.catalog.resolve import SessionSpec
 from engine.errors import Cancelled, EngineError
 from engine.formats import artifacts
+from engine.runtime.messages import Prompt
+from engine.runtime.results import GenAICheck
+
+if TYPE_CHECKING:
+    from engine.runtime.sessions import SessionRegistry
 
 UNUSED_MARK = "Unused LoRA tensor:"
 
@@ -92,16 +97,17 @@ def unused_tensors(lines: list[str]) -> list[str]:
                               for line in lines if UNUSED_MARK in line))
 
 
-def run(spec: SessionSpec, continuations: list[list[int]], prompts: list[Any],
-        manager: Any, cancelled: Callable[[], bool]) -> dict[str, Any]:
+def run(spec: SessionSpec, continuations: list[tuple[int, ...]], prompts: list[Prompt],
+        registry: SessionRegistry, cancelled: Callable[[], bool]) -> GenAICheck:
     """Greedy tokens from OpenVINO GenAI for `spec`, and what it printed on stderr."""
     import openvino_genai
 
+    from engine.runtime.cross_check import tokens_for
     from engine.runtime.openvino import backend as openvino_backend
     from engine.runtime.openvino import build as openvino_build
 
-    manager.open(spec, cancelled)  # the files verified before OpenVINO GenAI reads them
-    token_lists = [manager.prompt_tokens(spec, prompt, cancelled) for prompt in prompts]
+    registry.open(spec, cancelled)  # the files verified before OpenVINO GenAI reads them
+    token_lists = [tokens_for(registry, spec, prompt, cancelled) for prompt in prompts]
     path = Path(spec.base_path)
     folder = path if path.is_dir() else openvino_build.exact_ir_for_gguf(
         path, spec.identity.base_sha256)
@@ -142,9 +148,9 @@ def run(spec: SessionSpec, continuations: list[list[int]], prompts: list[Any],
                 break
             n += 1
         agreeing.append(n)
-    return {"mode": "MODE_DYNAMIC", "tokens": outputs, "agreeing_tokens": agreeing,
-            "stderr": stderr, "warnings": [line for line in stderr if "WARNING" in line],
-            "unused_tensors": unused}
+    return GenAICheck("MODE_DYNAMIC", tuple(tuple(o) for o in outputs), tuple(agreeing),
+                      tuple(stderr), tuple(line for line in stderr if "WARNING" in line),
+                      tuple(unused))
 
 
 def _tensor(values: list[int]) -> Any:
