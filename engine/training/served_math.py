@@ -13,10 +13,12 @@ order of float sums) what llama.cpp computes on the same file:
 
 - Q8_0 / Q4_0 / Q5_0 weights: activations as Q8_0 blocks (`quantize_row_q8_0`):
   d = max|x| / 127 (f32) stored as fp16, q = round(x · (1 / d)) with the f32 d, half to
-  even as torch.round; the product is Σ d_w d_x Σ q_w q_x = W · (d_x q). (ggml's source
-  of 2025 computes q = round(x · 127 / max|x|); the library llama-cpp-python 0.3.36
-  ships matches x · (1 / d): on layer 0 of the embedded model its Qcur agrees with ours
-  to a mean |Δ| of 1.5e-5 that way, 1.9e-4 the other way, 2.4e-3 in float.)
+  even as torch.round; the product is Σ d_w d_x Σ q_w q_x = W · (d_x q). (The library
+  llama-cpp-python 0.3.36 ships rounds x · fl(127 / max|x|), as ggml's source says: its
+  own quantize_row_q8_0/q8_1, called through ctypes, differ from x · (1 / d) on 7 of
+  400,000 random blocks, more often on layer 0's inputs. Kept as it is because changing
+  it changes the embedded model's served numbers, for no measurable gain in parity:
+  docs/training.md, "Every family".)
 - Q4_1 / Q5_1 weights: activations as Q8_1 blocks (`quantize_row_q8_1`): the same
   d and q, plus s = fp16(d · Σq) with the *unrounded* d; the weights' min term is
   m_w · s instead of m_w · d_x Σq, which we add as a (detached) correction per block.
