@@ -49,6 +49,7 @@ from PySide6.QtWidgets import (
 from engine import training
 from engine.errors import StudioError
 from engine.formats import architecture
+from engine.training import memory
 from engine.training.config import TrainConfig
 from engine.training.job import TrainRequest
 from engine.training.rl import TRAIN_KEYS, PreparedRL, RLRequest, RLSettings
@@ -252,6 +253,12 @@ class TrainPage(QWidget):
         self.status = QLabel("Ready.")
         self.status.setWordWrap(True)
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # The run's estimated peak memory (before the base loads), then the measured
+        # seconds per step: stays while the status line changes with every step.
+        self.memory = QLabel()
+        self.memory.setWordWrap(True)
+        self.memory.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.memory.hide()
         self.warnings = QLabel()
         self.warnings.setWordWrap(True)
         self.warnings.setStyleSheet("color:#b36b00")
@@ -275,6 +282,7 @@ class TrainPage(QWidget):
         layout.addLayout(buttons)
         layout.addWidget(self.progress)
         layout.addWidget(self.status)
+        layout.addWidget(self.memory)
         layout.addWidget(self.round_summary)
         layout.addWidget(self.warnings)
         layout.addWidget(self.served)
@@ -301,6 +309,7 @@ class TrainPage(QWidget):
         c.dataLoaded.connect(self._data_loaded)
         c.warning.connect(self._warning)
         c.loading.connect(lambda f: self._status(f"Loading the base weights… {f:.0%}"))
+        c.memory.connect(self._memory)
         c.progress.connect(self._progress)
         c.round.connect(self._round)
         c.checks.connect(self._checks)
@@ -446,6 +455,8 @@ class TrainPage(QWidget):
         self.progress.setValue(0)
         self.warnings.clear()
         self.warnings.hide()
+        self.memory.clear()
+        self.memory.hide()
         self._set_running(True)
         self._show_plot()
         self._status("Starting the training worker…")
@@ -490,6 +501,11 @@ class TrainPage(QWidget):
         self.warnings.show()
 
     @Slot(dict)
+    def _memory(self, event: dict) -> None:
+        self.memory.setText(f"Memory: {memory.summary(event)}.")
+        self.memory.show()
+
+    @Slot(dict)
     def _progress(self, event: dict) -> None:
         step, steps = int(event["step"]), int(event["steps"])
         self.progress.setRange(0, steps)
@@ -498,9 +514,10 @@ class TrainPage(QWidget):
         self.plot.add(step, float(event["loss"]))
         extra = (f" · reward accuracy {event['reward_accuracy']:.2f}"
                  if "reward_accuracy" in event else "")
+        per_step = float(event.get("step_seconds", 0.0))
         self._status(f"Step {step}/{steps} · loss {float(event['loss']):.4f}{extra} · "
-                     f"{_duration(event.get('seconds', 0))} elapsed, about "
-                     f"{_duration(event.get('eta', 0))} left")
+                     f"{per_step:.1f} s/step · {_duration(event.get('seconds', 0))} elapsed, "
+                     f"about {_duration(event.get('eta', 0))} left")
 
     @Slot(dict)
     def _round(self, event: dict) -> None:

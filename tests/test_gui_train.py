@@ -107,6 +107,45 @@ def test_bad_requests_are_refused_in_the_page(qtbot, page: TrainPage, tmp_path: 
     assert "already used" in page.status.text() and not page.busy()
 
 
+def test_a_run_too_large_is_refused_with_its_estimate(qtbot, page: TrainPage, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker estimates the run's peak memory before the base loads: the page shows
+    the estimate, and the refusal with the settings that would fit. (The available memory
+    is a cap in the environment: nothing is allocated.)"""
+    from engine.training import memory
+
+    monkeypatch.setenv(memory.MEMORY_ENV, "1.0")
+    fill(page, small_data(tmp_path / "d.jsonl"), "gui-big", 3)
+    page.batch.setValue(64)
+    page.seq_len.setValue(1024)
+    estimates: list[dict] = []
+    page.client.memory.connect(estimates.append)
+    with qtbot.waitSignal(page.client.failed, timeout=LONG):
+        page.start_button.click()
+    assert len(estimates) == 1 and estimates[0]["refusal"]
+    assert not page.memory.isHidden()
+    assert page.memory.text().startswith("Memory: about ")
+    assert f"available ({memory.MEMORY_ENV}=1.0)" in page.memory.text()
+    assert "Training failed: this run needs about" in page.status.text()
+    assert "would fit" in page.status.text()
+    assert not page.busy() and "gui-big" not in Catalog().data()["adapters"]
+
+
+def test_the_page_shows_the_estimate_and_seconds_per_step(qtbot, page: TrainPage) -> None:
+    page.client._on_event({"event": "memory", "total": 3 << 30, "batch": 1, "seq_len": 256,
+                           "parts": {"file": 2 << 30, "layer": 1 << 29, "logits": 1 << 28,
+                                     "checkpoints": 1 << 27},
+                           "available": 20 << 30, "available_source": "MemAvailable",
+                           "refusal": None})
+    assert page.memory.text() == (
+        "Memory: about 3.0 GB at the peak for batch 1 × seq-len 256 (file 2.0 GB, layer "
+        "512 MB, logits 256 MB, checkpoints 128 MB); 20.0 GB available (MemAvailable).")
+    page.client._on_event({"event": "progress", "step": 3, "steps": 10, "loss": 1.5,
+                           "lr": 1e-3, "seconds": 36.0, "step_seconds": 12.0, "eta": 84.0})
+    assert "12.0 s/step" in page.status.text() and "about 1:24 left" in page.status.text()
+    assert page.progress.value() == 3
+
+
 def test_missing_torch_explains_how_to_enable_training(qtbot, studio_home: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("engine.training.torch_available", lambda: False)

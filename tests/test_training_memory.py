@@ -13,14 +13,26 @@ recorded sha256 (tests/test_training_demo.py) holds it from then on.
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from engine.catalog.store import Catalog
+from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
+from engine.errors import RefusedError
 from engine.formats import gguf_file
-from engine.training import quantized
+from engine.training import memory, quantized, support, torch_available
+from engine.training.config import TrainConfig
+from tests.factories import sft_data
+
+ROOT = Path(__file__).resolve().parents[1]
 
 ROWS, COLUMNS = 64, 1024
 # ggml builds search grids before it can quantize these (2 to 17 s each here); they were
@@ -93,3 +105,89 @@ def test_rows_slices_and_threads_give_the_whole_tensor(family_files: dict, kind:
                 assert np.array_equal(three.dequantize(name, 3, rows - 5), whole[3:rows - 5])
                 ids = np.array([7, 0, rows - 1, 7])
                 assert np.array_equal(three.rows(name, ids), whole[ids])
+
+
+# ------------------------------------------------------------------ the estimate
+
+
+def _config(**settings: object) -> TrainConfig:
+    return TrainConfig.from_dict({"batch": 1, "seq_len": 256, **settings})
+
+
+def test_the_estimate_grows_with_the_batch_the_sequence_and_the_file(
+        family_files: dict, embedded_path: Path) -> None:
+    header = gguf_file.read_header(embedded_path)
+    model = support.describe(header)
+    small = memory.estimate(header, model, _config())
+    assert small.parts["file"] == sum(i.nbytes for i in header.tensors.values())
+    assert small.total == (sum(v for k, v in small.parts.items() if k not in ("layer", "logits"))
+                           + max(small.parts["layer"], small.parts["logits"]))
+    assert memory.estimate(header, model, _config(batch=4)).total > small.total
+    assert memory.estimate(header, model, _config(seq_len=1024)).total > small.total
+    # The data's longest sequence bounds it: 40 tokens cost what seq-len 40 costs.
+    assert memory.estimate(header, model, _config(), seq_len=40) == \
+        memory.estimate(header, model, _config(seq_len=40))
+    dpo = memory.estimate(header, model, _config(dpo=True))
+    assert dpo.parts["checkpoints"] == 2 * small.parts["checkpoints"]
+    kl = memory.estimate(header, model, _config(kl=1.0, kl_batch=2), kl_text=True)
+    assert kl.parts["checkpoints"] == 3 * small.parts["checkpoints"]
+    # More targets, more LoRA (all seven against q and v).
+    every = _config(targets=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                             "ffn_up", "ffn_down"))
+    assert memory.estimate(header, model, every).parts["lora"] > small.parts["lora"] * 5
+    q8 = gguf_file.read_header(family_files["llama"].base("Q8_0"))
+    f32 = gguf_file.read_header(family_files["llama"].base("F32"))
+    assert memory.estimate(f32, support.describe(f32), _config()).parts["file"] > \
+        3 * memory.estimate(q8, support.describe(q8), _config()).parts["file"]
+
+
+def test_a_run_that_does_not_fit_is_refused_with_the_settings_that_would(
+        embedded_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    header = gguf_file.read_header(embedded_path)
+    model = support.describe(header)
+    config = _config(batch=8, seq_len=512)
+    need = memory.estimate(header, model, config).total
+    batch1 = memory.estimate(header, model, replace(config, batch=1)).total
+    # Nothing is allocated: the available memory is a cap given in the environment.
+    cap = (batch1 + need) / 2 / memory.GIB
+    with pytest.raises(RefusedError) as refused:
+        memory.check(header, model, config, env={memory.MEMORY_ENV: f"{cap:.3f}"})
+    message = refused.value.message
+    assert f"needs about {memory.gib(need)}" in message
+    assert f"available ({memory.MEMORY_ENV}=" in message
+    fits = memory.fitting(header, model, config, int(cap * memory.GIB))
+    assert fits is not None and 1 <= fits.batch < 8 and fits.seq_len == 512
+    assert f"--batch {fits.batch} would fit" in message
+    # Too little even for batch 1 at this length: a shorter sequence is proposed.
+    shorter = memory.estimate(header, model, replace(config, batch=1, seq_len=128)).total
+    longer = memory.estimate(header, model, replace(config, batch=1, seq_len=256)).total
+    cap = (shorter + longer) / 2 / memory.GIB
+    with pytest.raises(RefusedError, match="--batch 1 --seq-len 128 would fit"):
+        memory.check(header, model, config, env={memory.MEMORY_ENV: f"{cap:.4f}"})
+    # Less than the file and the runtime: nothing fits, and it says why.
+    with pytest.raises(RefusedError, match="no batch or sequence length fits: the file and "
+                                           "the runtime alone need"):
+        memory.check(header, model, config, env={memory.MEMORY_ENV: "0.05"})
+    # MemAvailable (monkeypatched, not allocated) counts what the process already holds.
+    monkeypatch.setattr(memory, "resident", lambda: 300 * memory.MIB)
+    monkeypatch.setattr(memory, "available", lambda env=None: (need, "MemAvailable"))
+    report = memory.check(header, model, config)
+    assert report["total"] == need and report["available"] == need
+    assert "about" in memory.summary(report) and "MemAvailable" in memory.summary(report)
+
+
+@pytest.mark.skipif(not torch_available(), reason="PyTorch is not installed")
+def test_the_cli_refuses_a_run_that_does_not_fit_before_it_loads(tmp_path: Path) -> None:
+    data = sft_data(tmp_path / "data.jsonl")
+    env = {**os.environ, "VARIANT_STUDIO_HOME": str(tmp_path / "home"),
+           memory.MEMORY_ENV: "0.3"}
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "train", "big", "--base",
+                           BASE, "--data", str(data), "--batch", "64", "--seq-len", "2048"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "memory: about" in done.stderr  # the estimate is shown before the refusal
+    assert f"available ({memory.MEMORY_ENV}=0.3)" in done.stderr
+    assert "would fit" in done.stderr or "no batch" in done.stderr
+    assert "loading the base weights" not in done.stderr  # refused before it loads
+    assert "big" not in Catalog().data()["adapters"]

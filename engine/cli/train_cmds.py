@@ -10,6 +10,7 @@ from typing import Any
 from engine.catalog.store import Catalog
 from engine.cli.output import emit_json
 from engine.errors import RefusedError, UsageError
+from engine.training import memory
 
 
 def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
@@ -56,12 +57,14 @@ def cmd_train(catalog: Catalog, args: argparse.Namespace) -> int:
                   file=sys.stderr)
         elif kind == "resumed":
             print(f"resumed at step {event['step']}/{event['steps']}", file=sys.stderr)
+        elif kind == "memory":
+            print(f"memory: {memory.summary(event)}", file=sys.stderr)
         elif kind == "progress":
             extra = (f" reward-acc {event['reward_accuracy']:.2f}"
                      if "reward_accuracy" in event else "")
             print(f"step {event['step']}/{event['steps']} loss {event['loss']:.4f} "
-                  f"lr {event['lr']:.2e}{extra} ({event['seconds']:.0f} s, "
-                  f"eta {event['eta']:.0f} s)", file=sys.stderr)
+                  f"lr {event['lr']:.2e}{extra} ({event['step_seconds']:.1f} s/step, "
+                  f"{event['seconds']:.0f} s, eta {event['eta']:.0f} s)", file=sys.stderr)
         elif kind == "checkpoint":
             print(f"checkpoint at step {event['step']}: {event['path']}", file=sys.stderr)
 
@@ -105,6 +108,8 @@ def cmd_train_rl(catalog: Catalog, args: argparse.Namespace) -> int:
             return
         elif kind == "stage":
             print(f"{event['stage']}…", file=sys.stderr)
+        elif kind == "memory":
+            print(f"memory: {memory.summary(event)}", file=sys.stderr)
         elif kind == "data":
             print(f"prompts: {event['examples']} ({event['prompt_tokens']} tokens), sha256 "
                   f"{event['sha256'][:16]}…", file=sys.stderr)

@@ -223,6 +223,9 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
         emit("warning", message=warning)
     if cancelled():
         raise Cancelled("training cancelled before the first step")
+    # Before anything is loaded: the run's peak memory, shown, and refused (with the
+    # settings that would fit) when it exceeds what the machine has.
+    estimated = check_memory(model_path, config, data, kl_text is not None, emit)
 
     if not torch_available():
         raise RefusedError(ENABLE_HINT)
@@ -261,6 +264,11 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
              checkpoint=str(checkpoint) if checkpoint.exists() else None)
         raise
     train_seconds = time.monotonic() - train_clock
+    from engine.training import memory
+
+    # The peak so far is training's (the served check below maps the file once more).
+    used = {"estimate": estimated["total"], "peak_resident": memory.peak_resident(),
+            "available": estimated["available"]}
     # The weights were read from the file we verified; make sure it has not changed since.
     if not catalog.verify_base(base["name"]).ok:
         raise RefusedError(f"base {base['name']} changed on disk during training")
@@ -295,6 +303,7 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
         "time": {"started": started_at, "finished": now_iso(),
                  "train_seconds": round(train_seconds, 3),
                  "total_seconds": round(time.monotonic() - clock, 3)},
+        "memory": used,
         "loss": provenance.loss_summary(trainer.losses),
         "method": "dpo" if config.dpo else "sft",
         "served_checks": checks,
@@ -311,6 +320,25 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
         result.update(import_run(catalog, request.name, base["name"], run_dir, record, files,
                                  request.variant, data.system_prompt))
     return result
+
+
+def check_memory(model_path: Path, config: TrainConfig, data: data_mod.DataSet | None,
+                 kl_text: bool, emit: Emit) -> dict[str, Any]:
+    """The run's estimated peak memory against what is available (engine.training.memory),
+    announced as a `memory` event; a RefusedError, with the estimate and the settings that
+    would fit, when the run does not fit. `data`: its longest sequence bounds the estimate."""
+    from engine.formats import gguf_file
+    from engine.training import memory, support
+
+    header = gguf_file.read_header(model_path)
+    longest = None
+    if data is not None and data.examples:
+        longest = max(len(s.tokens) for e in data.examples for s in e.sequences)
+    report = memory.report(header, support.describe(header), config, longest, kl_text)
+    emit("memory", **report)  # shown also when it is refused
+    if report["refusal"]:
+        raise RefusedError(report["refusal"])
+    return report
 
 
 def check_as_served(model_path: Path, adapter: Path, model: Any, threads: int, emit: Emit,

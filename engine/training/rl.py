@@ -407,6 +407,8 @@ def execute(request: RLRequest, emit: Emit, cancelled: Callable[[], bool]) -> di
         emit("data", examples=len(prompts), sha256=prepared.prompts_sha256,
              prompt_tokens=sum(len(p) for p in prompts), kinds=["prompts"],
              target_tokens=0)
+        # Each training step of the loop back-propagates one group of `samples` rollouts.
+        job.check_memory(model_path, replace(config, batch=rl.samples), None, False, emit)
         emit("stage", stage="loading the sampler (llama.cpp)")
         sampler_model = load_model("llama", str(model_path), base["sha256"],
                                    SAMPLER_THREADS, None, cancelled)

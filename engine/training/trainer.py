@@ -442,6 +442,7 @@ class Trainer:
                 done = self.step - first
                 elapsed = time.monotonic() - started
                 info.update(steps=self.config.steps, seconds=elapsed,
+                            step_seconds=elapsed / done,
                             eta=elapsed / done * (self.config.steps - self.step))
                 emit("progress", **info)
                 every = self.config.save_every

@@ -45,6 +45,9 @@ class TrainingClient(QObject):
     dataLoaded = Signal(dict)  # examples, target_tokens, kinds, sha256, ...
     warning = Signal(str)
     loading = Signal(float)  # fraction of the base weights loaded
+    # Before the base loads: the run's estimated peak memory and what is available
+    # (engine.training.memory.check's report: total, parts, batch, seq_len, available, ...).
+    memory = Signal(dict)
     progress = Signal(dict)  # step, steps, loss, lr, seconds, eta, ...
     # A reinforcement round: round, rounds, reward {mean, min, max}, agreement {tokens,
     # mean_abs, max_abs, exact, within, tolerance}, steps, step, loss [...], seconds.
@@ -102,6 +105,8 @@ class TrainingClient(QObject):
             self.warning.emit(str(event.get("message", "")))
         elif kind == "load":
             self.loading.emit(float(event.get("fraction", 0.0)))
+        elif kind == "memory":
+            self.memory.emit({k: v for k, v in event.items() if k != "event"})
         elif kind == "progress":
             self.progress.emit(event)
         elif kind == "round":
