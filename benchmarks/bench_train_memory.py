@@ -6,23 +6,27 @@ Llama-3.1-8B's shape), two child processes run side by side, interleaved:
 
 - the trainer (engine.training: the base memory-mapped, dequantized just in time, layers
   checkpointed) on one text-like example of `--seq-len` random tokens, every token but
-  the first a target, `--batch` rows, the default targets (q, v), rank 8, `--numerics`;
+  the first a target, `--batch` rows, the default targets (q, v), rank 8, `--numerics`,
+  in both of its modes, each in a process of its own: `lean` (every layer recomputed
+  whole: the least memory) and `keep` (the layers keep their products' outputs: what the
+  worker chooses when memory is plentiful);
 - llama.cpp (llama-cpp-python, the same file, the same thread count) decoding the same
   tokens in one batch: prompt processing, the last position's logits (`pp`), and the
   same with the logits of every position (`all`, what scoring those tokens costs, as the
   trainer's loss does).
 
-One trainer step, then one llama.cpp forward pass of each kind, `--rounds` times; the
-first round is warm-up. Reported per size: the file's size, the trainer's peak resident
-set (VmHWM: the mapped file's pages included) and its ratio to the file, the memory
-estimate (engine.training.memory) against that peak, seconds per step, llama.cpp's
-seconds, and the ratios. With `--profile` the trainer also profiles one step (where the
-time goes: torch.profiler's operators, dequantization, and the forward, recomputation
-and backward passes). Writes benchmarks/out/train_memory.json.
+One step of each trainer, then one llama.cpp forward pass of each kind, `--rounds`
+times; the first round is warm-up. Reported per size and mode: the file's size, the
+trainer's peak resident set (VmHWM: the mapped file's pages included) and its ratio to
+the file, the memory estimate (engine.training.memory) against that peak, seconds per
+step, llama.cpp's seconds, and the ratios. With `--profile` each trainer also profiles
+one step (where the time goes: torch.profiler's operators, dequantization, and the
+forward pass against the backward pass with its recomputation). Writes
+benchmarks/out/train_memory.json.
 
 Usage: .venv/bin/python -m benchmarks.bench_train_memory [--sizes embedded,1b,3b]
        [--threads 1] [--rounds 3] [--seq-len 256] [--batch 1] [--numerics float]
-       [--profile]
+       [--modes lean,keep] [--profile]
 """
 
 from __future__ import annotations
@@ -130,10 +134,12 @@ def child_train() -> None:
             tuple(row), tuple(t > 0 for t in range(len(row)))),))
         for i, row in enumerate(spec["tokens"]))
     data = DataSet(str(path), "0" * 64, examples, ("tokens",), ())
-    estimate = memory.estimate(header, described, config)
+    keep = bool(spec["keep"])
+    estimate = memory.estimate(header, described, config, keep_products=keep)
     trainer_mod.set_determinism(config.threads)
     started = time.perf_counter()
     model = DecoderTorch(path, numerics=config.numerics)
+    model.keep_products = keep
     trainer = trainer_mod.Trainer(model, config, data, "0" * 64)
     loaded = time.perf_counter() - started
     _reply({"estimate": estimate.to_dict(), "load_seconds": loaded,
@@ -244,46 +250,61 @@ def measure(size: str, args: argparse.Namespace) -> dict[str, Any]:
     tokens = tokens_for(n_vocab, args.batch, args.seq_len)
     spec = {"path": str(path), "tokens": tokens, "threads": args.threads,
             "batch": args.batch, "seq_len": args.seq_len, "numerics": args.numerics}
-    log(f"{size}: {path.name} ({path.stat().st_size / 2**30:.2f} GiB)")
+    modes = args.modes.split(",")
+    log(f"{size}: {path.name} ({path.stat().st_size / 2**30:.2f} GiB), modes {modes}")
     forward = Child("forward", spec)
-    trainer = Child("train", spec)
-    steps, pp, full, peaks = [], [], [], []
+    trainers = {mode: Child("train", {**spec, "keep": mode == "keep"}) for mode in modes}
+    steps: dict[str, list[float]] = {mode: [] for mode in modes}
+    peaks: dict[str, list[int]] = {mode: [] for mode in modes}
+    pp: list[float] = []
+    full: list[float] = []
+    profiles = {}
     try:
         for round_ in range(args.rounds + 1):
-            step = trainer.ask({"op": "step"})
+            line = []
+            for mode, trainer in trainers.items():
+                step = trainer.ask({"op": "step"})
+                peaks[mode].append(step["peak"])
+                if round_:
+                    steps[mode].append(step["seconds"])
+                line.append(f"{mode} {step['seconds']:.1f} s (loss {step['loss']:.3f}, "
+                            f"peak {step['peak'] / 2**30:.2f} GiB)")
             a = forward.ask({"all": False})
             b = forward.ask({"all": True})
-            log(f"  round {round_}: step {step['seconds']:.1f} s (loss {step['loss']:.3f}, "
-                f"peak {step['peak'] / 2**30:.2f} GiB), llama.cpp pp {a['seconds']:.2f} s, "
-                f"all logits {b['seconds']:.2f} s")
-            peaks.append(step["peak"])
             if round_:
-                steps.append(step["seconds"])
                 pp.append(a["seconds"])
                 full.append(b["seconds"])
-        profile = trainer.ask({"op": "profile"}) if args.profile else None
+            log(f"  round {round_}: {'; '.join(line)}; llama.cpp pp {a['seconds']:.2f} s, "
+                f"all logits {b['seconds']:.2f} s; load {os.getloadavg()[0]:.1f}")
+        if args.profile:
+            for mode, trainer in trainers.items():
+                profiles[mode] = trainer.ask({"op": "profile"})
     finally:
-        trainer.close()
+        for trainer in trainers.values():
+            trainer.close()
         forward.close()
     file_size = path.stat().st_size
-    step_s, pp_s, full_s = (statistics.median(v) for v in (steps, pp, full))
-    peak = max(peaks)
-    estimate = trainer.first["estimate"]
-    result = {
-        "file": path.name, "file_bytes": file_size, "peak_rss_bytes": peak,
-        "estimate_bytes": estimate["total"], "estimate_parts": estimate["parts"],
-        "estimate_over_peak": estimate["total"] / peak,
-        "load_seconds": trainer.first["load_seconds"],
-        "rss_after_load": trainer.first["rss_after_load"],
-        "peak_over_file": peak / file_size,
-        "aim_bytes": int(1.5 * file_size + 2**30),
-        "step_seconds": step_s, "llama_pp_seconds": pp_s, "llama_all_logits_seconds": full_s,
-        "step_over_pp": step_s / pp_s, "step_over_all_logits": step_s / full_s,
-        "samples": {"step": steps, "pp": pp, "all": full, "peaks": peaks},
-    }
-    if profile is not None:
-        log(profile.pop("table"))
-        result["profile"] = profile
+    pp_s, full_s = statistics.median(pp), statistics.median(full)
+    result: dict[str, Any] = {
+        "file": path.name, "file_bytes": file_size, "aim_bytes": int(1.5 * file_size + 2**30),
+        "llama_pp_seconds": pp_s, "llama_all_logits_seconds": full_s,
+        "samples": {"pp": pp, "all": full}, "modes": {}}
+    for mode, trainer in trainers.items():
+        step_s, peak = statistics.median(steps[mode]), max(peaks[mode])
+        estimate = trainer.first["estimate"]
+        result["modes"][mode] = {
+            "peak_rss_bytes": peak, "peak_over_file": peak / file_size,
+            "within_aim": peak <= result["aim_bytes"],
+            "estimate_bytes": estimate["total"], "estimate_parts": estimate["parts"],
+            "estimate_over_peak": estimate["total"] / peak,
+            "load_seconds": trainer.first["load_seconds"],
+            "rss_after_load": trainer.first["rss_after_load"],
+            "step_seconds": step_s, "step_over_pp": step_s / pp_s,
+            "step_over_all_logits": step_s / full_s,
+            "samples": {"step": steps[mode], "peaks": peaks[mode]}}
+        if mode in profiles:
+            log(f"{size} {mode}:\n{profiles[mode].pop('table')}")
+            result["modes"][mode]["profile"] = profiles[mode]
     return result
 
 
@@ -296,6 +317,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--numerics", choices=("float", "served"), default="float")
+    parser.add_argument("--modes", default="lean,keep")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--out", default="train_memory")
     args = parser.parse_args()

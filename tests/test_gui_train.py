@@ -136,10 +136,11 @@ def test_the_page_shows_the_estimate_and_seconds_per_step(qtbot, page: TrainPage
                            "parts": {"file": 2 << 30, "layer": 1 << 29, "logits": 1 << 28,
                                      "checkpoints": 1 << 27},
                            "available": 20 << 30, "available_source": "MemAvailable",
-                           "refusal": None})
+                           "keep_products": False, "refusal": None})
     assert page.memory.text() == (
-        "Memory: about 3.0 GB at the peak for batch 1 × seq-len 256 (file 2.0 GB, layer "
-        "512 MB, logits 256 MB, checkpoints 128 MB); 20.0 GB available (MemAvailable).")
+        "Memory: about 3.0 GB at the peak for batch 1 × seq-len 256, recomputing each layer "
+        "whole (file 2.0 GB, layer 512 MB, logits 256 MB, checkpoints 128 MB); 20.0 GB "
+        "available (MemAvailable).")
     page.client._on_event({"event": "progress", "step": 3, "steps": 10, "loss": 1.5,
                            "lr": 1e-3, "seconds": 36.0, "step_seconds": 12.0, "eta": 84.0})
     assert "12.0 s/step" in page.status.text() and "about 1:24 left" in page.status.text()

@@ -191,3 +191,22 @@ def test_the_cli_refuses_a_run_that_does_not_fit_before_it_loads(tmp_path: Path)
     assert "would fit" in done.stderr or "no batch" in done.stderr
     assert "loading the base weights" not in done.stderr  # refused before it loads
     assert "big" not in Catalog().data()["adapters"]
+
+
+def test_the_products_are_kept_only_where_memory_is_plentiful(embedded_path: Path) -> None:
+    """Keeping each layer's products (faster backward, the same numbers) is the
+    machine's choice: only when the run then needs at most KEEP_SHARE of what is there."""
+    header = gguf_file.read_header(embedded_path)
+    model = support.describe(header)
+    config = _config(batch=4)
+    lean = memory.estimate(header, model, config)
+    kept = memory.estimate(header, model, config, keep_products=True)
+    assert kept.parts["products"] > 0 and lean.parts["products"] == 0
+    assert kept.total == lean.total + kept.parts["products"]
+    roomy = memory.report(header, model, config, env={memory.MEMORY_ENV: "100"})
+    assert roomy["keep_products"] and roomy["total"] == kept.total
+    assert roomy["lean_total"] == lean.total and roomy["refusal"] is None
+    tight = (lean.total + 1) / memory.GIB
+    assert kept.total > memory.KEEP_SHARE * (lean.total + 1)
+    snug = memory.report(header, model, config, env={memory.MEMORY_ENV: f"{tight:.6f}"})
+    assert not snug["keep_products"] and snug["total"] == lean.total and snug["refusal"] is None

@@ -245,6 +245,7 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
             raise Cancelled("training cancelled while loading the base weights")
 
     model = DecoderTorch(model_path, loading, numerics=config.numerics)
+    model.keep_products = bool(estimated["keep_products"])  # the same numbers either way
     trainer = trainer_mod.Trainer(model, config, data, base["sha256"], init_weights, init_sha,
                                   kl_text)
     run_dir = prepared.run_dir
@@ -268,7 +269,8 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
 
     # The peak so far is training's (the served check below maps the file once more).
     used = {"estimate": estimated["total"], "peak_resident": memory.peak_resident(),
-            "available": estimated["available"]}
+            "available": estimated["available"],
+            "keep_products": estimated["keep_products"]}
     # The weights were read from the file we verified; make sure it has not changed since.
     if not catalog.verify_base(base["name"]).ok:
         raise RefusedError(f"base {base['name']} changed on disk during training")

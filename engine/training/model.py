@@ -61,7 +61,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.utils.checkpoint
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+    noop_context_fn,
+)
 
 from engine.formats import architecture, capabilities, gguf_file, naming
 from engine.formats.architecture import (
@@ -83,7 +88,7 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (batch, 
 # The output matrix (vocabulary x n_embd) is multiplied in slices of rows of at most this
 # much float32: an 8B model's is 2.1 GB dequantized. The embedded model's (113 MB) is one
 # slice, so its logits are the very same product as before.
-OUTPUT_SLICE_BYTES = 256 << 20
+OUTPUT_SLICE_BYTES = 128 << 20
 
 
 class _Handle:
@@ -181,6 +186,12 @@ class DecoderTorch(torch.nn.Module):
         self.types: dict[str, str] = capabilities.matrix_types(m, header)
         self.numerics = "float"
         self.set_numerics(numerics)
+        # Whether a checkpointed layer keeps its frozen products' outputs for the backward
+        # pass (selective checkpointing: the recomputation then skips the products, the
+        # larger part of its time) or recomputes them too (the least memory). The same
+        # numbers either way; `engine.training.memory` says what each costs.
+        self.keep_products = False
+        self._weight_pointer: int | None = None  # the weight of the product being computed
         self.loras = torch.nn.ModuleDict()  # "blk_3_attn_q" -> Lora
         self.active: dict[str, Lora] = {}  # the same, as a plain dict for lookups
         self.lora_scale = 0.0
@@ -275,13 +286,34 @@ class DecoderTorch(torch.nn.Module):
                 return again.as_strided(saved.size, saved.stride, saved.offset)
             return saved
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            if self.served:
-                kind = self.types[name]
-                mins = self.weights.mins(stored, start, stop) \
-                    if kind in served_math.BLOCK_BYTES else None
-                return served_math.matmul(x, weight, kind, mins)
-            return x @ weight.T
+        self._weight_pointer = pointer  # for `_keep_policy`
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                if self.served:
+                    kind = self.types[name]
+                    mins = self.weights.mins(stored, start, stop) \
+                        if kind in served_math.BLOCK_BYTES else None
+                    return served_math.matmul(x, weight, kind, mins)
+                return x @ weight.T
+        finally:
+            self._weight_pointer = None
+
+    def _keep_policy(self, _ctx: object, op: object, *args: object, **_kwargs: object
+                     ) -> CheckpointPolicy:
+        """Selective checkpointing's rule (with `keep_products`): save the output of the
+        matrix product with the frozen weight being multiplied, recompute the rest. It
+        decides alike in the forward pass and in the recomputation, which is what lets the
+        recomputation take the saved outputs in order."""
+        if op is torch.ops.aten.mm.default and self._weight_pointer is not None \
+                and isinstance(args[1], torch.Tensor) \
+                and args[1].untyped_storage().data_ptr() == self._weight_pointer:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def _checkpoint_context(self) -> tuple[object, object]:
+        if self.keep_products:
+            return create_selective_checkpoint_contexts(self._keep_policy)
+        return noop_context_fn()
 
     # ------------------------------------------------------------------ pieces
 
@@ -388,9 +420,10 @@ class DecoderTorch(torch.nn.Module):
                 # Non-reentrant: the autograd graph is the one an unchecked forward pass
                 # records (so gradients are summed in the same order, to the bit); only
                 # its saved tensors are dropped and recomputed. No RNG runs in a layer.
-                x, k, v = torch.utils.checkpoint.checkpoint(
+                x, k, v = checkpoint(
                     self._layer, i, x, cos, sin, layer_mask, layer_past,
-                    use_reentrant=False, preserve_rng_state=False)
+                    use_reentrant=False, preserve_rng_state=False,
+                    context_fn=self._checkpoint_context)
             else:
                 x, k, v = self._layer(i, x, cos, sin, layer_mask, layer_past)
             if keep:

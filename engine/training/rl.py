@@ -408,13 +408,15 @@ def execute(request: RLRequest, emit: Emit, cancelled: Callable[[], bool]) -> di
              prompt_tokens=sum(len(p) for p in prompts), kinds=["prompts"],
              target_tokens=0)
         # Each training step of the loop back-propagates one group of `samples` rollouts.
-        job.check_memory(model_path, replace(config, batch=rl.samples), None, False, emit)
+        estimated = job.check_memory(model_path, replace(config, batch=rl.samples), None,
+                                     False, emit)
         emit("stage", stage="loading the sampler (llama.cpp)")
         sampler_model = load_model("llama", str(model_path), base["sha256"],
                                    SAMPLER_THREADS, None, cancelled)
         try:
             loop = _Loop(prepared, emit, cancelled, tokenizer, sampler_model, info,
                          model_path, prompts, reward, init_weights)
+            loop.keep_products = bool(estimated["keep_products"])
             loop.run()
         finally:
             sampler_model.close()
@@ -535,6 +537,7 @@ class _Loop:
         self.init_weights = init_weights
         self.run_dir = prepared.train.run_dir
         self.trainer: Any = None
+        self.keep_products = False  # engine.training.memory's choice for this machine
         self.records: list[dict[str, Any]] = []
 
     def _adapters(self, round_: int) -> tuple[list[tuple[AdapterFile, AdapterInfo]],
@@ -576,6 +579,7 @@ class _Loop:
                 raise Cancelled("training cancelled while loading the base weights")
 
         model = DecoderTorch(self.model_path, loading, numerics=self.config.numerics)
+        model.keep_products = self.keep_products
         init = self.prepared.train.init_record
         self.trainer = trainer_mod.Trainer(
             model, self.config, data, self.prepared.train.base_record["sha256"],
