@@ -311,3 +311,16 @@ def test_an_adapter_that_failed_its_served_check_is_marked_everywhere(
     entries = {e.name: e for e in snapshot(Catalog())["adapters"]}
     assert "served check failed" in entries["weak"].badges and reason in entries["weak"].problem
     assert "served check failed" not in entries["fine"].badges and entries["fine"].problem is None
+
+
+def test_show_suggests_the_demo_before_the_first_run_as_generate_does(
+        studio_home: Path, capsys: pytest.CaptureFixture) -> None:
+    """`show` reads a preview before the first run (nothing written): a near miss of the
+    demo's name is suggested there too, and the demo's own name is explained."""
+    code, _, err = run(capsys, "show", "tool-call")
+    assert code == 4 and err.strip().endswith("did you mean 'tool-calls'?")
+    code, _, err = run(capsys, "show", "tool-calls")
+    assert code == 4 and "set up at the first run" in err
+    assert not studio_home.exists()  # still nothing written
+    code, _, err = run(capsys, "generate", "tool-call", "--prompt", "x")
+    assert code == 4 and err.strip().endswith("did you mean 'tool-calls'?")

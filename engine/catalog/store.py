@@ -94,6 +94,8 @@ class Snapshot:
     # The context size a plain base model is served with (Settings, "Context size (base
     # models)"): a base has no profile of its own, and its identity includes it.
     base_n_ctx: int = DEFAULT_PROFILE["n_ctx"]
+    # Names the first run will add (a preview, before it: see `Catalog.later`).
+    later: tuple[str, ...] = ()
 
     def snapshot(self) -> Snapshot:
         return self
@@ -107,8 +109,13 @@ class Snapshot:
         for kind in KINDS:
             if name in data[kind]:
                 return kind[:-1], data[kind][name]
+        if name in self.later:
+            raise UnknownNameError(f"{printable(name)!r} is set up at the first run, which "
+                                   "has not happened yet (the app, or any command that "
+                                   "writes, such as `generate`, runs it)")
         raise UnknownNameError(f"no model, adapter or variant named {printable(name)!r}"
-                               + _did_you_mean(name, [n for k in KINDS for n in data[k]]))
+                               + _did_you_mean(name, [*(n for k in KINDS for n in data[k]),
+                                                      *self.later]))
 
     def model(self, name: str) -> dict[str, Any]:
         kind, record = self.find(name)
@@ -149,6 +156,10 @@ class Catalog:
     """
 
     state: StateFile = field(default_factory=lambda: StateFile(paths.catalog_file(), empty))
+    # Names the first run will add, while this is a preview of a catalog not set up yet
+    # (`curated.setup.preview`): an unknown name close to one of them is suggested as
+    # the CLI would suggest it once they exist.
+    later: tuple[str, ...] = ()
     _last: tuple[Stamp, Snapshot] | None = field(default=None, init=False, repr=False,
                                                   compare=False)
 
@@ -165,7 +176,7 @@ class Catalog:
         if stamp is not None and last is not None and last[0] == stamp:
             if last[1].base_n_ctx == context:
                 return last[1]
-            snapshot = Snapshot(last[1].raw, last[1].path, context)
+            snapshot = Snapshot(last[1].raw, last[1].path, context, self.later)
         else:
             data = self.state.load()
             if data.get("version") != SCHEMA_VERSION or not all(
@@ -173,7 +184,7 @@ class Catalog:
             ):
                 raise StateError(f"{self.state.path} has an unknown layout (version "
                                  f"{printable(str(data.get('version')))})")
-            snapshot = Snapshot(data, self.state.path, context)
+            snapshot = Snapshot(data, self.state.path, context, self.later)
         if stamp is not None:
             self._last = (stamp, snapshot)
         return snapshot

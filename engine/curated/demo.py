@@ -51,6 +51,12 @@ def resources_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "resources" / "demo"
 
 
+def shipped() -> bool:
+    """Are the demo's files shipped with this installation (`seed_catalog` needs them)?"""
+    folder = resources_dir()
+    return (folder / SHIPPED_ADAPTER).is_file() and (folder / SHIPPED_PROVENANCE).is_file()
+
+
 def seed_catalog(catalog: Catalog) -> bool:
     """Add the shipped demo adapter (curated, strictly verified) and its variant.
 
@@ -59,7 +65,7 @@ def seed_catalog(catalog: Catalog) -> bool:
     """
     folder = resources_dir()
     adapter, record_path = folder / SHIPPED_ADAPTER, folder / SHIPPED_PROVENANCE
-    if not adapter.is_file() or not record_path.is_file():
+    if not shipped():
         return False
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))

@@ -56,7 +56,10 @@ def preview(catalog: Catalog) -> Catalog:
     data = empty()
     if record:
         data["models"][record["name"]] = record
-    return Catalog(MemoryState(catalog.state.path, data))
+    # The demo is named as what the first run will add, so a near miss is suggested
+    # (and the demo's own name explained) as it is once the catalog exists.
+    later = (demo.ADAPTER_NAME, demo.VARIANT_NAME) if record and demo.shipped() else ()
+    return Catalog(MemoryState(catalog.state.path, data), later=later)
 
 
 def _embedded_record() -> dict | None:
