@@ -27,6 +27,7 @@ from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.formats import gguf_file, lora_io
 from engine.runtime import messages
 from engine.runtime.client import EngineClient
+from engine.runtime.results import CrossCheckResult
 from tests import factories as f
 from tests.openvino_helpers import first_build, register_default
 
@@ -209,8 +210,8 @@ def parity_json(capsys: pytest.CaptureFixture, *args: str) -> dict[str, Any]:
 def parity_text(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch,
                 result: dict[str, Any], *args: str) -> str:
     """The text report for an engine result already measured (no second engine run)."""
-    monkeypatch.setattr(run_cmds, "run_once", lambda request, on_event=None: {
-        k: v for k, v in result.items() if k != "recorded_for"})
+    monkeypatch.setattr(run_cmds, "run_once", lambda request, on_event=None: (
+        CrossCheckResult.from_dict({k: v for k, v in result.items() if k != "recorded_for"})))
     capsys.readouterr()
     assert cli.main(["parity", *args, "--tokens", "4", "--prompt", PARITY_PROMPT]) == 0
     monkeypatch.undo()

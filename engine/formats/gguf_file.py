@@ -31,6 +31,8 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_HEADER_BYTES = 1 << 30
 # Arrays longer than this keep only their length and type (tokenizer vocabularies).
 KEEP_ARRAY_VALUES = 64
+# `keep_arrays` meaning every key (compared by identity).
+ALL_ARRAYS: frozenset[str] = frozenset({"*"})
 STRING_BLOCK = 1 << 20  # bytes read at a time while walking a string array
 
 # GGUF value types.
@@ -209,7 +211,8 @@ class _Reader:
                     f"metadata {printable(key)}: array claims {length} items, "
                     "more than the file can hold"
                 )
-            keep = length <= KEEP_ARRAY_VALUES or key in self.keep_arrays
+            keep = (length <= KEEP_ARRAY_VALUES or self.keep_arrays is ALL_ARRAYS
+                    or key in self.keep_arrays)
             if item_type in _SCALARS:
                 raw = self.read(length * min_item, f"the array {key}")
                 if not keep:
@@ -221,16 +224,18 @@ class _Reader:
         raise self.fail(f"metadata {printable(key)}: unknown value type {type_id}")
 
 
-def read_header(path: Path, keep_arrays: tuple[str, ...] = ()) -> GgufHeader:
+def read_header(path: Path, keep_arrays: tuple[str, ...] | bool = ()) -> GgufHeader:
     """Parse and check a GGUF file's header and tensor directory.
 
-    Long arrays keep only their length, except the keys in `keep_arrays`, which keep
-    every value (a vocabulary, for the Hugging Face export: the same bounded walk, a
-    fraction of a second where the gguf package's reader takes seconds)."""
+    Long arrays keep only their length, except the keys in `keep_arrays` (True: every
+    key), which keep every value (a vocabulary, for the Hugging Face export; all of the
+    metadata, to write it again into an OpenVINO build's F16 copy: the same bounded
+    walk, a fraction of a second where the gguf package's reader takes seconds)."""
     path = Path(path)
     handle, st = open_regular(path)
     with handle:
-        return _parse(handle, st, path, frozenset(keep_arrays))
+        return _parse(handle, st, path, ALL_ARRAYS if keep_arrays is True
+                      else frozenset(keep_arrays or ()))
 
 
 def _parse(handle: BinaryIO, st: FileStat, path: Path,

@@ -220,10 +220,13 @@ def build_from_gguf(source: Path, progress: Progress | None = None,
                           "profiles": {k: v.to_dict() for k, v in built.items()}})
 
 
-def describe_for_openvino(source: Path) -> Model:
+def describe_for_openvino(source: Path, header: gguf_file.GgufHeader | None = None
+                          ) -> Model:
     """The description of a GGUF OpenVINO computes as llama.cpp does, or a RefusedError
-    with the reason (`capabilities.SERVE_OPENVINO`: the family, its RoPE, its layout)."""
-    header = gguf_file.read_header(Path(source))  # strict checks before anything native
+    with the reason (`capabilities.SERVE_OPENVINO`: the family, its RoPE, its layout).
+    `header`: the file's strict header, when the caller read it already."""
+    # Strict checks before anything native.
+    header = header or gguf_file.read_header(Path(source))
     for found in capabilities.for_header(header):
         if found.name == capabilities.SERVE_OPENVINO and not found.ok:
             raise RefusedError(f"{Path(source).name}: OpenVINO cannot compute this file as "
@@ -262,13 +265,14 @@ def _build_exact(source: Path, source_sha: str, root: Path, report: Progress,
 
 def _build(source: Path, source_sha: str, staging: Path, report: Progress,
            stop: CancelCheck) -> BuildResult:
-    model = describe_for_openvino(source)
-    header = gguf_file.read_header(source)
+    # One strict read of the file serves every step (the metadata with every array
+    # kept: the F16 copy and the descriptions are written from it).
+    header = gguf_file.read_header(source, keep_arrays=True)
+    model = describe_for_openvino(source, header)
     table = rope_table(model, header)
     f16 = staging / F16_FILE
-    reader = _metadata_reader(source)  # read once: parsing the vocabulary takes seconds
     dequantize_to_f16(source, f16, lambda f: report("dequantizing to F16", f), stop,
-                      reader)
+                      header)
     _check(stop)
     report("converting with OpenVINO", 0.0)
     convert_dir = staging / "convert"
@@ -286,7 +290,7 @@ def _build(source: Path, source_sha: str, staging: Path, report: Progress,
     shutil.rmtree(convert_dir)
     _check(stop)
     report("describing", 0.0)
-    write_descriptions(source, ir, model, reader)
+    write_descriptions(source, ir, model, header)
     return BuildResult(folder=str(ir), f16_gguf=str(f16), source_path=str(source),
                        source_sha256=source_sha, recipe=RECIPE,
                        openvino_version=openvino_version(), seconds=0.0, built=True,
@@ -313,35 +317,42 @@ def exact_ir_for_gguf(source: Path, source_sha256: str) -> Path:
 # --------------------------------------------------------------------------- step 2
 
 
-def _metadata_reader(source: Path) -> Any:
-    """gguf-py's reader of `source`, after our strict parse of it."""
-    from gguf import GGUFReader
+def _full_header(source: Path, header: gguf_file.GgufHeader | None
+                 ) -> gguf_file.GgufHeader:
+    """`header` if it kept every array's values, else the file read again so."""
+    if header is not None and all(not isinstance(v, gguf_file.GgufArray) or
+                                  v.values is not None for v in header.metadata.values()):
+        return header
+    return gguf_file.read_header(source, keep_arrays=True)
 
-    gguf_file.read_header(source)
-    return GGUFReader(str(source))
+
+def _metadata_value(value: Any) -> Any:
+    """A metadata value as gguf-py writes it (an array as the list of its values)."""
+    return list(value.values) if isinstance(value, gguf_file.GgufArray) else value
 
 
 def dequantize_to_f16(source: Path, target: Path, progress: Callable[[float], None],
-                      cancelled: CancelCheck, reader: Any = None) -> None:
+                      cancelled: CancelCheck, header: gguf_file.GgufHeader | None = None
+                      ) -> None:
     """Write `source` with every matrix as F16 (vectors stay F32), metadata unchanged
-    (`reader`: gguf-py's reader of `source`, when the caller has one)."""
+    (written from our strict header: `header`, when the caller read it with every array
+    kept; the gguf package's own reader is not needed, nor a second parse)."""
     from gguf import GGUFValueType, GGUFWriter
     from gguf.constants import LlamaFileType
 
-    header = gguf_file.read_header(source)  # our strict parse comes first
-    reader = reader or _metadata_reader(source)
+    header = _full_header(source, header)
     writer = GGUFWriter(str(target), str(header.get("general.architecture")))
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.alignment"):
+    for name, value in header.metadata.items():
+        if name in ("general.architecture", "general.alignment"):
             continue
         if name == "general.file_type":
             writer.add_uint32(name, int(LlamaFileType.MOSTLY_F16))
             continue
-        kind = field.types[0]
-        if kind == GGUFValueType.ARRAY:
-            writer.add_array(name, field.contents())
+        if isinstance(value, gguf_file.GgufArray):
+            # As gguf-py writes any list: the item type taken from the first value.
+            writer.add_array(name, _metadata_value(value))
         else:
-            writer.add_key_value(name, field.contents(), kind)
+            writer.add_key_value(name, value, GGUFValueType[header.value_types[name].upper()])
     names = list(header.tensors)
     for index, name in enumerate(names):
         _check(cancelled)
@@ -668,17 +679,15 @@ def _name_and_save(source_xml: Path, target_xml: Path, description: Model,
 
 
 def write_descriptions(source: Path, ir: Path, model: Model | None = None,
-                       reader: Any = None) -> None:
+                       header: gguf_file.GgufHeader | None = None) -> None:
     """config.json, tokenizer_config.json and generation_config.json from the description
-    (`architecture.describe`) and the GGUF's tokenizer metadata (`reader`: gguf-py's reader
-    of `source`, when the caller has one)."""
-    header = gguf_file.read_header(source)
+    (`architecture.describe`) and the GGUF's tokenizer metadata (`header`: the file's
+    strict header with every array kept, when the caller has one)."""
+    header = _full_header(source, header)
     described = model or architecture.describe(header)
-    reader = reader or _metadata_reader(source)
 
     def value(key: str, default: Any = None) -> Any:
-        field = reader.fields.get(key)
-        return field.contents() if field is not None else default
+        return _metadata_value(header.metadata[key]) if key in header.metadata else default
 
     tokens = value("tokenizer.ggml.tokens", [])
     bos = value("tokenizer.ggml.bos_token_id")
