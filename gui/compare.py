@@ -106,6 +106,10 @@ def marked_source(tokens: list[str], divergence: int) -> tuple[str, int, int]:
 class _Side:
     def __init__(self, title: str) -> None:
         self.title = QLabel(title)
+        # Wrapped to its column: a finished run's figures make a header longer than the
+        # column, which as one line raised the window's minimum width (the window grew
+        # by itself and squeezed the library).
+        self.title.setWordWrap(True)
         self.browser = QTextBrowser()
         self.browser.setOpenLinks(False)
         self.tokens: list[list[Any]] = []  # [token id, logprob, text]
@@ -229,6 +233,11 @@ class CompareView(QWidget):
         self.recent.setPlaceholderText("Recent comparisons")
         self.recent.activated.connect(self._show_recent)
         self.recent.setEnabled(False)
+        # As wide as its placeholder, never as its longest entry: a long prompt in the
+        # history must not widen the page (and with it the window).
+        self.recent.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.recent.setMinimumContentsLength(12)
         for widget, name in ((self.variant, "Variant to compare"),
                              (self.prompt, "Prompt for both sides"),
                              (self.run_button, "Compare"), (self.max_tokens, "Max tokens"),
@@ -248,7 +257,6 @@ class CompareView(QWidget):
             row.addWidget(widget)
         row.addWidget(self.chat)
         row.addStretch(1)
-        row.addWidget(self.recent)
         row.addWidget(self.run_button)
         row.addWidget(self.stop_button)
 
@@ -259,12 +267,15 @@ class CompareView(QWidget):
         grid.addWidget(self.variant_side.title, 0, 1)
         grid.addWidget(self.base_side.browser, 1, 0)
         grid.addWidget(self.variant_side.browser, 1, 1)
+        grid.setColumnStretch(0, 1)  # both sides equally wide, whatever their headers
+        grid.setColumnStretch(1, 1)
         self.summary = QLabel("")
         self.summary.setWordWrap(True)
         self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.plot = LogprobChart()
         bottom = QHBoxLayout()
         bottom.addWidget(self.summary, 1)
+        bottom.addWidget(self.recent)
         bottom.addWidget(self.export_md)
         bottom.addWidget(self.export_json)
 

@@ -402,6 +402,9 @@ class LibraryView(QWidget):
         layout.addWidget(self.no_matches)
         layout.addWidget(self.tree)
         self.tree.setAccessibleName("Library")
+        # Never squeezed below about 30 characters: a page asking for more width used
+        # to take it from the library until its names read "s…t".
+        self.setMinimumWidth(self.fontMetrics().averageCharWidth() * 30)
 
     def load(self, entries: dict[str, list[Entry]]) -> None:
         current = self.current()

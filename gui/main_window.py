@@ -143,8 +143,14 @@ class MainWindow(QMainWindow):
         self.splitter = QSplitter()
         self.splitter.addWidget(self.library)
         self.splitter.addWidget(self.tabs)
+        # A wider window widens the library a little too: one made narrow (1024 px)
+        # and widened again has room for its names.
+        self.splitter.setStretchFactor(0, 1)
         self.splitter.setStretchFactor(1, 3)
         self.splitter.setSizes([300, 900])
+        # A collapsed library has no menu item to bring it back: it keeps its minimum
+        # (set again after a restore, whose saved state carries the flag).
+        self.splitter.setChildrenCollapsible(False)
         self.banner = Banner()
         self.banner.retry.clicked.connect(self.restart_engine)
         central = QWidget()
@@ -641,6 +647,7 @@ class MainWindow(QMainWindow):
         splitter = self.window_state.value("splitter")
         if splitter is not None:
             self.splitter.restoreState(splitter)
+            self.splitter.setChildrenCollapsible(False)
         chat_splitter = self.window_state.value("chat_splitter")
         if chat_splitter is not None:
             self.chat.splitter.restoreState(chat_splitter)

@@ -214,7 +214,10 @@ def test_a_new_window_restores_geometry_splitters_tab_and_selection(
     again = open_window()
     qtbot.waitUntil(lambda: selected(again) == "vb", timeout=LONG)
     assert again.height() == 711
-    assert again.splitter.sizes() == splitter
+    # The library's width; the tabs take the rest of a width the offscreen screen
+    # clamped, and grown to the new window's own minimum (which depends on the page
+    # shown while it opens), so it need not be the first window's.
+    assert again.splitter.sizes()[0] == splitter[0]
     assert again.chat.splitter.sizes()[0] == chat_splitter[0]
     assert again.tabs.currentWidget() is again.compare
     # The selection is not only highlighted: the panes are about it.
