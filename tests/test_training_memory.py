@@ -28,7 +28,7 @@ from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.errors import RefusedError
 from engine.formats import gguf_file
-from engine.training import memory, quantized, support, torch_available
+from engine.training import memory, quantized, support
 from engine.training.config import TrainConfig
 from tests.factories import sft_data
 
@@ -176,7 +176,6 @@ def test_a_run_that_does_not_fit_is_refused_with_the_settings_that_would(
     assert "about" in memory.summary(report) and "MemAvailable" in memory.summary(report)
 
 
-@pytest.mark.skipif(not torch_available(), reason="PyTorch is not installed")
 def test_the_cli_refuses_a_run_that_does_not_fit_before_it_loads(tmp_path: Path) -> None:
     data = sft_data(tmp_path / "data.jsonl")
     env = {**os.environ, "VARIANT_STUDIO_HOME": str(tmp_path / "home"),
@@ -210,3 +209,61 @@ def test_the_products_are_kept_only_where_memory_is_plentiful(embedded_path: Pat
     assert kept.total > memory.KEEP_SHARE * (lean.total + 1)
     snug = memory.report(header, model, config, env={memory.MEMORY_ENV: f"{tight:.6f}"})
     assert not snug["keep_products"] and snug["total"] == lean.total and snug["refusal"] is None
+
+
+def test_targets_of_a_large_output_are_scored_in_chunks_with_the_same_gradients(
+        tmp_path: Path, embedded_path: Path, base_info, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """With a sliced output matrix (a large vocabulary), the targets' log-probabilities
+    are computed in checkpointed chunks of positions: the same loss and LoRA gradients as
+    one chunk (to float order), and the embedded model's own output (one slice) is never
+    chunked (its runs compute what they did)."""
+    import torch
+
+    from engine.training import data as data_mod
+    from engine.training import model as model_mod
+    from engine.training import trainer as trainer_mod
+    from engine.training.tokenizer import Tokenizer
+
+    config = TrainConfig.from_dict({"batch": 2, "seq_len": 48, "rank": 4, "steps": 1,
+                                    "numerics": "float"})
+    with Tokenizer(embedded_path, base_info) as tok:
+        data = data_mod.load(sft_data(tmp_path / "d.jsonl"), tok, 48, True, False, 4, 2)
+    model = model_mod.DecoderTorch(embedded_path, numerics="float")
+    trainer = trainer_mod.Trainer(model, config, data, "sha")
+    calls: list[int] = []
+    scored = model._target_logps
+
+    def counted(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        calls.append(len(hidden))
+        return scored(hidden, targets)
+
+    monkeypatch.setattr(model, "_target_logps", counted)
+
+    def loss_and_grads() -> tuple[float, list[torch.Tensor]]:
+        trainer.zero_grad()
+        loss, _ = trainer._sft_loss(trainer.batch_indices(0))
+        loss.backward()
+        return float(loss.detach()), [p.grad.clone() for p in model.loras.parameters()]
+
+    assert len(model.output_slices()) == 1
+    monkeypatch.setattr(model_mod, "LOGIT_CHUNK_BYTES", 4 * 49152 * 2)  # 2 positions
+    whole_loss, whole = loss_and_grads()
+    assert len(calls) == 1 and calls[0] >= 5  # one slice: never chunked
+    # A sliced output (as a 128k vocabulary's): chunks of two positions, each scored
+    # again in the backward pass.
+    positions = calls[0]
+    monkeypatch.setattr(model_mod, "OUTPUT_SLICE_BYTES", 4 * 576 * 16384)
+    assert len(model.output_slices()) == 3
+    calls.clear()
+    chunked_loss, chunked = loss_and_grads()
+    # Forward: one call per chunk; backward: each chunk once more.
+    assert calls[:(positions + 1) // 2] == \
+        [min(2, positions - s) for s in range(0, positions, 2)]
+    assert len(calls) == 2 * len(range(0, positions, 2))
+    assert chunked_loss == pytest.approx(whole_loss, rel=1e-6)
+    # The same gradients to float order: the slices and chunks sum in another order, and
+    # thirty layers of backward pass spread that (1.4e-4 of the norm measured; an error
+    # in which position scores which target would be of the order of the gradient).
+    for a, b in zip(chunked, whole, strict=True):
+        assert float((a - b).norm()) <= 1e-3 * float(b.norm()), float((a - b).norm() / b.norm())

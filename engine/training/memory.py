@@ -16,7 +16,8 @@ output matrix in row slices. So a run's peak is, in bytes:
 - the larger of two working sets, which never coexist: one layer recomputed and
   back-propagated (its activations, per token and per attention score, and two of its
   matrices dequantized) or the output (the logits at every scored position, their
-  log-softmax and gradients, and two dequantized slices of the output matrix).
+  log-softmax and gradients, and two dequantized slices of the output matrix; with a
+  sliced output matrix the targets are scored in chunks of positions, so one chunk's).
 
 The per-token and per-position factors (`ACTIVATION_FACTOR`, `ATTENTION_FACTOR`,
 `LOGIT_COPIES`) are measured, not derived: autograd's saved tensors per layer plus the
@@ -60,8 +61,10 @@ ATTENTION_FACTOR = 5.0
 LOGIT_COPIES = 4.0
 # Parameters, gradients, Adam's moments, the update's temporaries (g * clip, the denominator).
 LORA_COPIES = 6
-# The same slice size as engine.training.model.OUTPUT_SLICE_BYTES (model imports torch).
+# The same sizes as engine.training.model.OUTPUT_SLICE_BYTES and LOGIT_CHUNK_BYTES (model
+# imports torch).
 OUTPUT_SLICE_BYTES = 128 * MIB
+LOGIT_CHUNK_BYTES = 64 * MIB
 MEMORY_ENV = "VARIANT_STUDIO_TRAIN_MEMORY"
 # Keep the products' outputs when the run then needs at most this share of the memory
 # available (the rest is the machine's, and the estimate's margin).
@@ -123,6 +126,10 @@ def estimate(header: Any, model: Model, config: TrainConfig, seq_len: int | None
     # Scored positions: the targets, at most every position; the KL penalty scores every
     # position too (the base's distributions kept beside the adapted ones).
     positions = rows * seq
+    if vocab * n_embd * 4 > OUTPUT_SLICE_BYTES:
+        # A sliced output: the targets are scored in checkpointed chunks of positions
+        # (engine.training.model.target_logps), one chunk's logits at a time.
+        positions = min(positions, max(1, LOGIT_CHUNK_BYTES // (4 * vocab)))
     copies = LOGIT_COPIES + (2 if config.kl else 0)
     if kl_text and config.kl:
         positions += config.kl_batch * seq

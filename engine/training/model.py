@@ -33,7 +33,9 @@ operation. Each decoder layer is checkpointed (torch.utils.checkpoint, non-reent
 autograd graph is the same one, only its saved tensors are recomputed), so what is kept
 for the backward pass is one tensor per layer, not every activation of every layer. The
 output matrix is multiplied in row slices of at most `OUTPUT_SLICE_BYTES` of float32
-(the embedded model's fits in one, as before). Peak memory is the file's mapped pages,
+(the embedded model's fits in one, as before), and the targets' log-probabilities are
+scored in checkpointed chunks of positions when the logits would be large
+(`target_logps`). Peak memory is the file's mapped pages,
 the LoRA parameters and optimizer state, the checkpoints, and one layer's working set
 (engine.training.memory estimates it). Every number is the same as when the whole base
 was dequantized at load: the products, their order and their shapes are unchanged, and
@@ -89,6 +91,13 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (batch, 
 # much float32: an 8B model's is 2.1 GB dequantized. The embedded model's (113 MB) is one
 # slice, so its logits are the very same product as before.
 OUTPUT_SLICE_BYTES = 128 << 20
+# When the output matrix is multiplied in slices (it exceeds OUTPUT_SLICE_BYTES), the
+# targets' log-probabilities are computed in chunks of positions whose float32 logits are
+# at most this many bytes, each checkpointed (`target_logps`): the logits, their
+# log-softmax and its gradient then exist for one chunk at a time, not four copies for
+# every position (a 128k vocabulary at seq-len 256 is 131 MB a copy). A model whose
+# output is one slice (the embedded model: the demo's sha256) computes what it did.
+LOGIT_CHUNK_BYTES = 64 << 20
 
 
 class _Handle:
@@ -110,6 +119,11 @@ class FrozenWeights:
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.file = file
         self.small: dict[str, torch.Tensor] = {}
+        # float32 buffers the matrices are dequantized into, reused once nothing refers to
+        # them any more. A fresh allocation of that size is fresh pages, and faulting them
+        # in cost more than the dequantization itself (113 MB: 280 ms on these machines
+        # under load, against 60 ms to dequantize; docs/notes.md).
+        self._buffers: list[torch.Tensor] = []
         for done, name in enumerate(names):
             if len(file.shape(name)) == 1:
                 self.small[name] = torch.from_numpy(file.dequantize(name))
@@ -119,11 +133,30 @@ class FrozenWeights:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.file.shape(name)
 
+    @staticmethod
+    def _unused(buffer: torch.Tensor) -> bool:
+        """Nothing but the pool refers to `buffer`'s memory: its storage is held by the
+        pool's tensor and the temporary storage object of this very call, no more (every
+        view of it, autograd's included, holds one more)."""
+        storage = buffer.untyped_storage()
+        return torch._C._storage_Use_Count(storage._cdata) <= 2
+
+    def _buffer(self, count: int) -> torch.Tensor:
+        """`count` float32 values from the smallest free buffer that holds them, or a new
+        one (always from a buffer's start: the same alignment as a fresh allocation)."""
+        free = [b for b in self._buffers if b.numel() >= count and self._unused(b)]
+        if free:
+            return min(free, key=torch.Tensor.numel)[:count]
+        buffer = torch.empty(count)
+        if hasattr(torch._C, "_storage_Use_Count"):
+            self._buffers.append(buffer)
+        return buffer[:count]
+
     def matrix(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Rows start..stop-1 of a matrix, float32 (rows, columns), freshly dequantized."""
+        """Rows start..stop-1 of a matrix, float32 (rows, columns), dequantized now."""
         rows, columns = self.file.shape(name)
         stop = rows if stop is None else stop
-        out = torch.empty(stop - start, columns)
+        out = self._buffer((stop - start) * columns).view(stop - start, columns)
         self.file.dequantize(name, start, stop, out.numpy())
         return out
 
@@ -509,6 +542,31 @@ class DecoderTorch(torch.nn.Module):
         rows, columns = self.weights.shape(self.stored["output.weight"])
         step = max(1, OUTPUT_SLICE_BYTES // (4 * columns))
         return [(a, min(a + step, rows)) for a in range(0, rows, step)]
+
+    def target_logps(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """log p(targets[i]) after the final hidden state hidden[i] (positions, n_embd).
+
+        With a sliced output matrix, positions whose logits would exceed
+        `LOGIT_CHUNK_BYTES` go in chunks, each checkpointed (the backward pass multiplies
+        that chunk's logits again: one more product with the output matrix, against three
+        copies of every position's logits not kept)."""
+        vocab = self.weights.shape(self.stored["output.weight"])[0]
+        per = max(1, LOGIT_CHUNK_BYTES // (4 * vocab))
+        if len(hidden) <= per or len(self.output_slices()) == 1:
+            return self._target_logps(hidden, targets)
+        parts = []
+        for start in range(0, len(hidden), per):
+            chunk, chosen = hidden[start:start + per], targets[start:start + per]
+            if torch.is_grad_enabled():
+                parts.append(checkpoint(self._target_logps, chunk, chosen,
+                                        use_reentrant=False, preserve_rng_state=False))
+            else:
+                parts.append(self._target_logps(chunk, chosen))
+        return torch.cat(parts)
+
+    def _target_logps(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logp = torch.log_softmax(self.logits(hidden), dim=-1)
+        return logp.gather(1, targets[:, None])[:, 0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         slices = self.output_slices()

@@ -204,8 +204,7 @@ class Trainer:
             head, past = self.model.hidden(first, keep=True)
         hidden = self.model.hidden(ids, past)[0]
         picked = hidden[torch.tensor(rows), torch.tensor(cols)]
-        logp = torch.log_softmax(self.model.logits(picked), dim=-1)
-        chosen = logp.gather(1, torch.tensor(targets)[:, None])[:, 0]
+        chosen = self.model.target_logps(picked, torch.tensor(targets))
         spread = None
         if anchors:
             parts = [hidden[torch.tensor(anchor_rows, dtype=torch.long),
