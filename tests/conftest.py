@@ -27,7 +27,18 @@ from tests import reference_models as reference  # noqa: E402
 LONG_FIRST = ("test_training_demo.py",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--release", action="store_true",
+                     help="also run the release checks (tests marked `release`)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The release checks are deselected (not skipped) from the CI run: they are run by
+    # scripts/release-checks.sh, which says so in its own report.
+    if not config.getoption("--release"):
+        kept = [i for i in items if i.get_closest_marker("release") is None]
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
     items.sort(key=lambda item: item.path.name not in LONG_FIRST)
 
 

@@ -10,13 +10,9 @@ import pytest
 
 from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
-from engine.training import torch_available
 from gui.train_page import TrainPage
 from tests.gui_helpers import LONG
 from tests.gui_helpers import make_train_page as make_page
-
-pytestmark = pytest.mark.skipif(not torch_available(),
-                                reason="PyTorch (the [train] extra) is not installed")
 
 
 def small_data(path: Path) -> Path:

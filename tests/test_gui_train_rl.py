@@ -18,14 +18,10 @@ import pytest
 
 from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
-from engine.training import torch_available
 from engine.training.rl import RLRequest, RLSettings
 from gui.train_page import TrainPage
 from gui.widgets import served_check
 from tests.gui_helpers import LONG, make_train_page
-
-pytestmark = pytest.mark.skipif(not torch_available(),
-                                reason="PyTorch (the [train] extra) is not installed")
 
 SYSTEM = "Answer with one word: yes or no."
 NO_REWARD = ('import re\n\n\n'

@@ -20,7 +20,6 @@ from engine.catalog import lineage
 from engine.catalog.store import AdapterSpec, Catalog
 from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
-from engine.training import torch_available
 from tests.factories import sft_data
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +131,6 @@ def run_cli(home: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not torch_available(), reason="PyTorch (the [train] extra) is not installed")
 def test_lineage_of_an_adapter_continued_from_a_trained_one(tmp_path: Path) -> None:
     home = tmp_path / "home"
     first = sft_data(tmp_path / "first.jsonl")

@@ -18,13 +18,9 @@ from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.errors import Cancelled, UsageError
 from engine.formats import lora_io
-from engine.training import torch_available
 from engine.training.client import TrainingJob
 from engine.training.job import TrainRequest
 from tests.factories import sft_data
-
-pytestmark = pytest.mark.skipif(not torch_available(),
-                                reason="PyTorch (the [train] extra) is not installed")
 
 SMALL = {"steps": 3, "batch": 2, "seq_len": 48, "rank": 4, "alpha": 8.0, "lr": 5e-3,
          "train_eot": True}

@@ -31,12 +31,8 @@ from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.errors import UsageError
 from engine.formats import lora_io
-from engine.training import torch_available
 from engine.training.job import TrainRequest, prepare
 from tests.factories import sft_data
-
-pytestmark = pytest.mark.skipif(not torch_available(),
-                                reason="PyTorch (the [train] extra) is not installed")
 
 ROOT = Path(__file__).resolve().parents[1]
 # The flags of the shared first run, all explicit (none of them the default).

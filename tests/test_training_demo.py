@@ -18,7 +18,7 @@ from engine.curated import demo as shipped
 from engine.curated import setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.formats import lora_io
-from engine.training import demo, torch_available
+from engine.training import demo
 from engine.training.client import TrainingJob
 from engine.training.config import record_settings
 from engine.training.job import TrainRequest
@@ -107,9 +107,8 @@ def test_a_bare_library_catalog_has_no_demo(studio_home: Path) -> None:
     assert list(data["models"]) == [BASE] and not data["adapters"] and not data["variants"]
 
 
-@pytest.mark.skipif(not torch_available(),
-                    reason="PyTorch (the [train] extra) is not installed")
 @pytest.mark.slow
+@pytest.mark.release
 def test_retraining_the_demo_reproduces_its_sha256(studio_home: Path) -> None:
     request = TrainRequest("retrained", BASE, str(FOLDER / "train.jsonl"),
                            record_settings(RECORD["config"]), register=False,

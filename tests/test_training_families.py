@@ -18,12 +18,8 @@ import numpy as np
 import pytest
 
 from engine.errors import RefusedError, UsageError
-from engine.training import torch_available
 from tests import families
 from tests.factories import sft_data
-
-pytestmark = pytest.mark.skipif(not torch_available(),
-                                reason="PyTorch (the [train] extra) is not installed")
 
 VARIANTS = families.VARIANTS
 # Prose, chat and code (the first three parity texts: 126 positions); enough for the

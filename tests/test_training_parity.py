@@ -16,11 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.training import torch_available
 from tests import factories as f
-
-pytestmark = pytest.mark.skipif(not torch_available(),
-                                reason="PyTorch (the [train] extra) is not installed")
 
 # Measured with served numerics (the default) on the base: top-1 0.975, max |d log p|
 # 0.37, mean 0.051, max KL 0.035, mean KL 0.0033; with the strong test adapter below:

@@ -23,12 +23,9 @@ from engine import cli
 from engine.catalog.store import Catalog
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.errors import RefusedError, UsageError
-from engine.training import rewards, torch_available
+from engine.training import rewards
 from engine.training.client import TrainingJob
 from engine.training.rl import RLRequest, RLSettings, advantages, agreement, sample_seed
-
-pytestmark = pytest.mark.skipif(not torch_available(),
-                                reason="PyTorch (the [train] extra) is not installed")
 
 SYSTEM = "Answer with one word: yes or no."
 QUESTIONS = ("Is water wet?", "Is the sky blue?", "Is fire hot?", "Do birds fly?")
