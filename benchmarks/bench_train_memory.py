@@ -114,6 +114,9 @@ def child_train() -> None:
     from engine.training.config import DETERMINISM_ENV
 
     os.environ.update(DETERMINISM_ENV)  # as the training worker, before torch
+    from engine.training import memory as worker_memory
+
+    worker_memory.give_freed_memory_back()  # as the training worker
     spec = json.loads(sys.stdin.readline())
     from engine.formats import gguf_file
     from engine.training import memory, support

@@ -70,6 +70,9 @@ class Worker:
         # threads wait for descheduled siblings and a step takes several times longer.
         # (No effect on the numbers.)
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        from engine.training import memory
+
+        memory.give_freed_memory_back()
         threading.Thread(target=self._watch_stdin, daemon=True, name="stdin").start()
         self.emit("started", pid=os.getpid())
         try:
