@@ -119,11 +119,6 @@ class FrozenWeights:
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.file = file
         self.small: dict[str, torch.Tensor] = {}
-        # float32 buffers the matrices are dequantized into, reused once nothing refers to
-        # them any more. A fresh allocation of that size is fresh pages, and faulting them
-        # in cost more than the dequantization itself (113 MB: 280 ms on these machines
-        # under load, against 60 ms to dequantize; docs/notes.md).
-        self._buffers: list[torch.Tensor] = []
         for done, name in enumerate(names):
             if len(file.shape(name)) == 1:
                 self.small[name] = torch.from_numpy(file.dequantize(name))
@@ -133,30 +128,11 @@ class FrozenWeights:
     def shape(self, name: str) -> tuple[int, ...]:
         return self.file.shape(name)
 
-    @staticmethod
-    def _unused(buffer: torch.Tensor) -> bool:
-        """Nothing but the pool refers to `buffer`'s memory: its storage is held by the
-        pool's tensor and the temporary storage object of this very call, no more (every
-        view of it, autograd's included, holds one more)."""
-        storage = buffer.untyped_storage()
-        return torch._C._storage_Use_Count(storage._cdata) <= 2
-
-    def _buffer(self, count: int) -> torch.Tensor:
-        """`count` float32 values from the smallest free buffer that holds them, or a new
-        one (always from a buffer's start: the same alignment as a fresh allocation)."""
-        free = [b for b in self._buffers if b.numel() >= count and self._unused(b)]
-        if free:
-            return min(free, key=torch.Tensor.numel)[:count]
-        buffer = torch.empty(count)
-        if hasattr(torch._C, "_storage_Use_Count"):
-            self._buffers.append(buffer)
-        return buffer[:count]
-
     def matrix(self, name: str, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Rows start..stop-1 of a matrix, float32 (rows, columns), dequantized now."""
         rows, columns = self.file.shape(name)
         stop = rows if stop is None else stop
-        out = self._buffer((stop - start) * columns).view(stop - start, columns)
+        out = torch.empty(stop - start, columns)
         self.file.dequantize(name, start, stop, out.numpy())
         return out
 
