@@ -118,17 +118,23 @@ def ask(ir_folder: Path) -> Probe:
     return found
 
 
-def _answer(returncode: int, stdout: str) -> Probe:
-    """From the child's last JSON line (tokens/s per precision; none where the CPU has no
-    native bf16); a crash or no bf16: f32."""
-    speeds: dict[str, float] = {}
+def _last_figures(stdout: str, keys: tuple[str, ...]) -> dict[str, float]:
+    """The `keys` of the child's last JSON object line, as floats."""
+    figures: dict[str, float] = {}
     for line in stdout.splitlines():
         try:
             data = json.loads(line)
         except ValueError:
             continue
         if isinstance(data, dict):
-            speeds = {k: float(v) for k, v in data.items() if k in ("f32", "bf16")}
+            figures = {k: float(v) for k, v in data.items() if k in keys}
+    return figures
+
+
+def _answer(returncode: int, stdout: str) -> Probe:
+    """From the child's last JSON line (tokens/s per precision; none where the CPU has no
+    native bf16); a crash or no bf16: f32."""
+    speeds = _last_figures(stdout, ("f32", "bf16"))
     ok = returncode == 0 and "bf16" in speeds and "f32" in speeds
     faster = ok and speeds["bf16"] >= BF16_MARGIN * speeds["f32"]
     return Probe(ok, "bf16" if faster else "f32", speeds)
@@ -189,14 +195,7 @@ def size_class(ir_folder: Path) -> str:
 def _profile_answer(returncode: int, stdout: str) -> ProfileProbe:
     """From the child's last JSON line (median tokens/s of each profile and the median
     of the rounds' fast/fast-int8 ratios); a failed child or a missing figure: `fast`."""
-    speeds: dict[str, float] = {}
-    for line in stdout.splitlines():
-        try:
-            data = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(data, dict):
-            speeds = {k: float(v) for k, v in data.items() if k in (FAST, FAST_INT8, RATIO)}
+    speeds = _last_figures(stdout, (FAST, FAST_INT8, RATIO))
     if returncode != 0 or not {FAST, FAST_INT8, RATIO} <= set(speeds):
         return ProfileProbe(FAST, speeds)
     faster = speeds[RATIO] >= PROFILE_MARGIN
