@@ -62,9 +62,16 @@ ATTENTION_FACTOR = 5.0
 LOGIT_COPIES = 4.0
 # Parameters, gradients, Adam's moments, the update's temporaries (g * clip, the denominator).
 LORA_COPIES = 6
-# The same sizes as engine.training.model.OUTPUT_SLICE_BYTES and LOGIT_CHUNK_BYTES (model
-# imports torch).
+# The trainer (engine.training.model) multiplies the output matrix (vocabulary x n_embd)
+# in row slices of at most this much float32: an 8B model's is 2.1 GB dequantized. The
+# embedded model's (113 MB) is one slice, so its logits are the very same product as
+# before slicing existed.
 OUTPUT_SLICE_BYTES = 128 * MIB
+# With a sliced output, the targets' log-probabilities are computed in checkpointed
+# chunks of positions whose float32 logits are at most this many bytes
+# (`DecoderTorch.target_logps`): one chunk's logits, log-softmax and gradient at a time,
+# not four copies for every position (a 128k vocabulary at seq-len 256: 131 MB a copy).
+# A one-slice output (the embedded model: the demo's sha256) is scored whole, as before.
 LOGIT_CHUNK_BYTES = 64 * MIB
 MEMORY_ENV = "VARIANT_STUDIO_TRAIN_MEMORY"
 # Allocations over this size get their own mapping (`give_freed_memory_back`).

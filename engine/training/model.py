@@ -84,20 +84,10 @@ from engine.formats.architecture import (
     NEOX,
 )
 from engine.training import served_math, support
+from engine.training.memory import LOGIT_CHUNK_BYTES, OUTPUT_SLICE_BYTES
 from engine.training.quantized import QuantizedFile
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values (batch, kv heads, seq, dim)
-# The output matrix (vocabulary x n_embd) is multiplied in slices of rows of at most this
-# much float32: an 8B model's is 2.1 GB dequantized. The embedded model's (113 MB) is one
-# slice, so its logits are the very same product as before.
-OUTPUT_SLICE_BYTES = 128 << 20
-# When the output matrix is multiplied in slices (it exceeds OUTPUT_SLICE_BYTES), the
-# targets' log-probabilities are computed in chunks of positions whose float32 logits are
-# at most this many bytes, each checkpointed (`target_logps`): the logits, their
-# log-softmax and its gradient then exist for one chunk at a time, not four copies for
-# every position (a 128k vocabulary at seq-len 256 is 131 MB a copy). A model whose
-# output is one slice (the embedded model: the demo's sha256) computes what it did.
-LOGIT_CHUNK_BYTES = 64 << 20
 
 
 class _Handle:
