@@ -127,6 +127,20 @@ def name(prefix: str, variant: str, kind: str) -> str:
     return f"{prefix}-{variant}-{kind}"
 
 
+def add_gguf_variant(catalog: Any, files: families.FamilyFiles, kind: str
+                     ) -> tuple[str, str, str]:
+    """The case's base, its GGUF adapter and a variant of it at scale 1, added to
+    `catalog` as `model add`, `adapter add` and `variant add` add them: their names."""
+    from engine.catalog import imports
+    from engine.catalog.store import AdapterSpec
+
+    base, adapter, var = (name(p, files.variant, kind) for p in ("b", "a", "v"))
+    imports.add_model(catalog, base, files.base(kind))
+    imports.add_adapter(catalog, adapter, base, files.gguf_adapter)
+    catalog.add_variant(var, base, [AdapterSpec(adapter, 1.0)])
+    return base, adapter, var
+
+
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, str, str]:
     """`variant-studio ARGV` in this process: (exit code, stdout, stderr)."""
     capsys.readouterr()

@@ -30,8 +30,7 @@ from typing import Any
 
 import pytest
 
-from engine.catalog import imports
-from engine.catalog.store import AdapterSpec, Catalog
+from engine.catalog.store import Catalog
 from engine.curated import setup
 from engine.formats import architecture
 from engine.formats import capabilities as cap
@@ -39,7 +38,14 @@ from engine.runtime.merge_work import MergeWorker
 from engine.serve import export
 from engine.serve.export import llama_server, ovms, vllm
 from tests import families
-from tests.matrix_helpers import CASES, IDS, assert_refused, expected, name, run_cli
+from tests.matrix_helpers import (
+    CASES,
+    IDS,
+    add_gguf_variant,
+    assert_refused,
+    expected,
+    run_cli,
+)
 
 TARGETS = {"llama-server": cap.EXPORT_LLAMA_SERVER, "vllm": cap.EXPORT_VLLM,
            "ovms": cap.EXPORT_OVMS}
@@ -93,10 +99,7 @@ def test_exports_work_or_are_refused_up_front(
     files = family_files[variant]
     cells = expected(files, kind)
     catalog: Catalog = world["catalog"]
-    base, adapter, var = (name(p, variant, kind) for p in ("b", "a", "v"))
-    imports.add_model(catalog, base, files.base(kind))
-    imports.add_adapter(catalog, adapter, base, files.gguf_adapter)
-    catalog.add_variant(var, base, [AdapterSpec(adapter, 1.0)])
+    base, adapter, var = add_gguf_variant(catalog, files, kind)
     root: Path = world["out"] / f"{variant}-{kind}"
     root.mkdir()
 

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.catalog import imports, resolve
-from engine.catalog.store import AdapterSpec, Catalog
+from engine.catalog import resolve
+from engine.catalog.store import Catalog
 from engine.curated import setup
 from engine.formats import capabilities as cap
 from engine.formats import gguf_file
@@ -42,7 +42,15 @@ from engine.runtime.client import EngineClient
 from engine.runtime.merge_work import MergeWorker
 from engine.state import paths
 from tests import families
-from tests.matrix_helpers import assert_refused, expected, ids, name, rotation, run_cli
+from tests.matrix_helpers import (
+    add_gguf_variant,
+    assert_refused,
+    expected,
+    ids,
+    name,
+    rotation,
+    run_cli,
+)
 
 MERGE_TYPE = "q8_0"
 FLAGS = ["--type", MERGE_TYPE, "--eval-rows", "1", "--task-rows", "0", "--json"]
@@ -77,10 +85,8 @@ def test_a_merge_serves_or_is_refused_up_front(
     files = family_files[variant]
     cells = expected(files, kind)
     catalog: Catalog = world["catalog"]
-    base, adapter, var, merged = (name(p, variant, kind) for p in ("b", "a", "v", "m"))
-    imports.add_model(catalog, base, files.base(kind))
-    imports.add_adapter(catalog, adapter, base, files.gguf_adapter)
-    catalog.add_variant(var, base, [AdapterSpec(adapter, 1.0)])
+    base, adapter, var = add_gguf_variant(catalog, files, kind)
+    merged = name("m", variant, kind)
     command = ["merge", var, "--out", merged, *FLAGS]
     store = paths.model_store(merged)
 

@@ -57,7 +57,16 @@ from engine.runtime.openvino import models as openvino_models
 from engine.serve import export
 from tests import families
 from tests.engine_helpers import sampling
-from tests.matrix_helpers import CASES, IDS, assert_refused, expected, name, rotation, run_cli
+from tests.matrix_helpers import (
+    CASES,
+    IDS,
+    add_gguf_variant,
+    assert_refused,
+    expected,
+    name,
+    rotation,
+    run_cli,
+)
 from tests.openvino_helpers import cache_dir
 
 PROMPT = messages.Prompt("The old lighthouse keeper climbed the spiral stairs", chat=False)
@@ -157,10 +166,7 @@ def check_ovms_export(world: dict[str, Any], files: families.FamilyFiles, kind: 
                       capsys: pytest.CaptureFixture) -> None:
     """`export VARIANT --target ovms` of the GGUF variant: merged, built, laid out."""
     catalog: Catalog = world["catalog"]
-    base, adapter, var = (name(p, files.variant, kind) for p in ("b", "a", "v"))
-    imports.add_model(catalog, base, files.base(kind))
-    imports.add_adapter(catalog, adapter, base, files.gguf_adapter)
-    catalog.add_variant(var, base, [AdapterSpec(adapter, 1.0)])
+    base, adapter, var = add_gguf_variant(catalog, files, kind)
     folder = world["out"] / var
     code, out, err = run_cli(capsys, "export", var, "--target", "ovms", "--out", str(folder),
                              "--eval-rows", "1", "--task-rows", "0", "--json")
