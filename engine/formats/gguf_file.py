@@ -31,8 +31,6 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_HEADER_BYTES = 1 << 30
 # Arrays longer than this keep only their length and type (tokenizer vocabularies).
 KEEP_ARRAY_VALUES = 64
-# `keep_arrays` meaning every key (compared by identity).
-ALL_ARRAYS: frozenset[str] = frozenset({"*"})
 STRING_BLOCK = 1 << 20  # bytes read at a time while walking a string array
 
 # GGUF value types.
@@ -111,12 +109,12 @@ class _Reader:
     """Sequential reads over the header with bounds derived from the file size."""
 
     def __init__(self, handle: BinaryIO, size: int, name: str,
-                 keep_arrays: frozenset[str] = frozenset()) -> None:
+                 keep_arrays: frozenset[str] | None = frozenset()) -> None:
         self.handle = handle
         self.size = size
         self.pos = 0
         self.name = name
-        self.keep_arrays = keep_arrays
+        self.keep_arrays = keep_arrays  # None: every array keeps its values
 
     def fail(self, reason: str) -> InspectionError:
         return InspectionError(f"{self.name}: {reason}")
@@ -211,7 +209,7 @@ class _Reader:
                     f"metadata {printable(key)}: array claims {length} items, "
                     "more than the file can hold"
                 )
-            keep = (length <= KEEP_ARRAY_VALUES or self.keep_arrays is ALL_ARRAYS
+            keep = (length <= KEEP_ARRAY_VALUES or self.keep_arrays is None
                     or key in self.keep_arrays)
             if item_type in _SCALARS:
                 raw = self.read(length * min_item, f"the array {key}")
@@ -234,12 +232,12 @@ def read_header(path: Path, keep_arrays: tuple[str, ...] | bool = ()) -> GgufHea
     path = Path(path)
     handle, st = open_regular(path)
     with handle:
-        return _parse(handle, st, path, ALL_ARRAYS if keep_arrays is True
+        return _parse(handle, st, path, None if keep_arrays is True
                       else frozenset(keep_arrays or ()))
 
 
 def _parse(handle: BinaryIO, st: FileStat, path: Path,
-           keep_arrays: frozenset[str] = frozenset()) -> GgufHeader:
+           keep_arrays: frozenset[str] | None = frozenset()) -> GgufHeader:
     r = _Reader(handle, st.size, path.name, keep_arrays)
     if st.size == 0:
         raise r.fail("empty file")
