@@ -36,8 +36,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog import health, resolve, signatures
+from engine.catalog import health, resolve
 from engine.catalog.store import Catalog
+from engine.catalog.trust import display
+from engine.catalog.trust.policy import policy as signature_policy
 from engine.curated import setup
 from engine.errors import StudioError
 
@@ -84,7 +86,7 @@ def snapshot(catalog: Catalog, problems: dict[str, list[str]] | None = None,
         # Listed before its first use, like `variant-studio list` (the OpenVINO default).
         out["models"].append(Entry(pending["name"], "model", pending["summary"],
                                    (BACKEND_LABELS["openvino"], "curated", "not built"), None))
-    policy = signatures.policy(catalog)
+    policy = signature_policy(catalog)
     for record in data["adapters"].values():
         meta = record["metadata"]
         badges = [BACKEND_LABELS.get(record["backend"], record["backend"]),
@@ -137,7 +139,7 @@ def _signature_badge(catalog: Catalog, record: dict[str, Any], policy: str,
     """The signature badge of an adapter (`signed · KEY`, `signature invalid`, or
     `unsigned` when the policy asks for signatures) and its problem when required."""
     try:
-        verdict = signatures.status(
+        verdict = display.status(
             catalog, record["name"],
             cached_only=unchecked or int(record.get("size") or 0) > SIGNATURE_INLINE_BYTES)
     except StudioError as exc:

@@ -15,7 +15,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.catalog import signatures  # noqa: E402
+from engine.catalog.trust.sign import sign_folder  # noqa: E402
+from engine.catalog.trust.trust_list import trusted_keys  # noqa: E402
+from engine.catalog.trust.verify import verify_folder  # noqa: E402
 from engine.curated import demo  # noqa: E402
 
 
@@ -24,9 +26,9 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         return 2
     folder = demo.resources_dir()
-    files = signatures.sign_folder(folder, Path(argv[0]))
-    release = [k for k in signatures.trusted_keys() if k.shipped]
-    verdict = signatures.verify_folder(folder, release)
+    files = sign_folder(folder, Path(argv[0]))
+    release = [k for k in trusted_keys() if k.shipped]
+    verdict = verify_folder(folder, release)
     print(f"signed {', '.join(files)} in {folder}: {verdict.status} ({verdict.reason})")
     return 0 if verdict.ok else 1
 

@@ -7,6 +7,9 @@
   one owner (the sessions' registry, the adapter manager, the generation tasks...).
 - No import circles among our modules (counting imports inside functions): each
   room, and each module in it, can be read from the bottom up.
+- The signature verifier stays pure: `engine.catalog.trust.verify` and `.derived`
+  reach nothing of the catalog but content digests, and the engine's signature gate
+  imports them (or the policy), never the catalog glue.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "gui")
 # Private names of other libraries we use on purpose (documented where they are used).
 FOREIGN = {"sys._getframe", "llama_cpp._ggml"}
+# The pure verifier (a folder, a signature and keys to a verdict) and what of the catalog
+# it may reach: content digests and the room's bounded file reads.
+PURE_VERIFIER = ("engine.catalog.trust.verify", "engine.catalog.trust.derived")
+VERIFIER_MAY_USE = {*PURE_VERIFIER, "engine.catalog.digest", "engine.catalog.trust.files"}
 
 
 def _modules() -> list[Path]:
@@ -77,3 +84,19 @@ def test_no_import_circles() -> None:
             if back:
                 circles.add(" -> ".join((importer, *back)))
     assert not circles, "import circles:\n" + "\n".join(sorted(circles))
+
+
+def test_the_signature_verifier_is_pure() -> None:
+    import grimp
+
+    graph = grimp.build_graph(*PACKAGES)
+    reached = []
+    for module in PURE_VERIFIER:
+        for other in sorted(graph.find_upstream_modules(module)):
+            if other.startswith("engine.catalog") and other not in VERIFIER_MAY_USE:
+                chain = graph.find_shortest_chain(importer=module, imported=other)
+                reached.append(" -> ".join(chain or (module, other)))
+    assert not reached, "the pure verifier reaches the catalog:\n" + "\n".join(reached)
+    gate = {m for m in graph.find_modules_directly_imported_by("engine.runtime.signing")
+            if m.startswith("engine.catalog.trust")}
+    assert gate <= {*PURE_VERIFIER, "engine.catalog.trust.policy"}, gate

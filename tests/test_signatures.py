@@ -25,9 +25,10 @@ from typing import Any
 import pytest
 
 from engine import cli
-from engine.catalog import digest, imports, signatures
+from engine.catalog import digest, imports
 from engine.catalog.resolve import SessionSpec, resolve
 from engine.catalog.store import AdapterSpec, Catalog
+from engine.catalog.trust import derived, keys, policy, records, trust_list, verify
 from engine.curated import demo, setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
 from engine.errors import RefusedError
@@ -212,26 +213,26 @@ def test_a_provenance_record_added_after_signing_is_not_covered(
         capsys: pytest.CaptureFixture[str]) -> None:
     catalog = Catalog()
     setup.first_run(catalog)
-    signatures.create_key("alice")
+    keys.create_key("alice")
     imports.add_adapter(catalog, "b", BASE, f.write_gguf_lora(tmp_path / "b.gguf", base_info,
                                                               seed=1, strength=0.1))
-    assert signatures.sign_adapter(catalog, "b", "alice").files == ("adapter.gguf",)
+    assert records.sign_adapter(catalog, "b", "alice").files == ("adapter.gguf",)
     (Path(catalog.adapter("b")["path"]).parent / "provenance.json").write_text("{}")
-    verdict = signatures.verify_adapter(catalog, "b")
+    verdict = records.verify_adapter(catalog, "b")
     assert verdict.status == "invalid" and "provenance.json not covered" in verdict.reason
     # A key that is not (or no longer) trusted does not make a valid signature.
     (Path(catalog.adapter("b")["path"]).parent / "provenance.json").unlink()
-    assert signatures.verify_adapter(catalog, "b").ok
-    signatures.trust_remove("alice")
-    verdict = signatures.verify_adapter(catalog, "b")
+    assert records.verify_adapter(catalog, "b").ok
+    trust_list.trust_remove("alice")
+    verdict = records.verify_adapter(catalog, "b")
     assert verdict.status == "invalid" and "not trusted here" in verdict.reason
 
 
 def test_the_demo_verifies_against_the_shipped_release_key(
         studio_home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    release = [k for k in signatures.trusted_keys() if k.shipped]
+    release = [k for k in trust_list.trusted_keys() if k.shipped]
     assert [k.name for k in release] == ["release"]
-    shipped = signatures.verify_folder(demo.resources_dir(), release)
+    shipped = verify.verify_folder(demo.resources_dir(), release)
     assert shipped.ok and shipped.files == ("adapter.gguf", "provenance.json")
     setup.first_run(Catalog(), with_demo=True)
     found = json.loads(run(capsys, "verify", demo.ADAPTER_NAME, "--json")[1])
@@ -248,7 +249,7 @@ def test_the_demo_verifies_against_the_shipped_release_key(
     copy = tmp_path / "demo"
     shutil.copytree(demo.resources_dir(), copy, ignore=shutil.ignore_patterns("*.jsonl"))
     flip_byte(copy / "adapter.gguf")
-    assert not signatures.verify_folder(copy, release).ok
+    assert not verify.verify_folder(copy, release).ok
 
 
 def test_a_tampered_curated_demo_is_not_seeded(studio_home: Path, tmp_path: Path,
@@ -275,18 +276,18 @@ def test_a_converted_file_is_covered_by_re_deriving_it(
 
     catalog = signed_world["catalog"]
     record = catalog.adapter("a")
-    source = signatures.verify_adapter(catalog, "a")
-    derivation = signatures.Derivation(record["path"], record["sha256"], base_info.head_count,
-                                       base_info.head_count_kv, "llama", ("x" * 64, "y" * 64))
+    source = records.verify_adapter(catalog, "a")
+    derivation = derived.Derivation(record["path"], record["sha256"], base_info.head_count,
+                                    base_info.head_count_kv, "llama", ("x" * 64, "y" * 64))
     served = lora_io.convert_file(Path(record["path"]), tmp_path / "peft",
                                   lora_io.Layout.of("llama", base_info.head_count,
                                                     base_info.head_count_kv),
                                   rebase=derivation.rebase)
     weights, config = served / "adapter_model.safetensors", served / "adapter_config.json"
 
-    def check() -> signatures.Verdict:
-        return signatures.verify_derived(weights, digest.hash_uncached(weights)[0],
-                                         digest.hash_uncached(config)[0], derivation, source)
+    def check() -> verify.Verdict:
+        return derived.verify_derived(weights, digest.hash_uncached(weights)[0],
+                                      digest.hash_uncached(config)[0], derivation, source)
 
     verdict = check()
     assert verdict.ok and verdict.derived and verdict.signer == "alice"
@@ -347,7 +348,7 @@ def test_the_import_policy(signed_world: dict[str, Any],
     code, out, err = add("s-req", signed / "adapter.gguf")
     assert code == 0, err
     # Another machine's key: refused until it is trusted.
-    signatures.trust_remove("alice")
+    trust_list.trust_remove("alice")
     code, _, err = add("s-untrusted", signed / "adapter.gguf")
     assert code == 3 and "signed by a key that is not trusted here" in err
 
@@ -356,7 +357,7 @@ def test_training_is_refused_up_front_under_require(studio_home: Path, tmp_path:
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     catalog = Catalog()
     setup.first_run(catalog)
-    signatures.set_policy(catalog, "require")
+    policy.set_policy(catalog, "require")
     data = f.sft_data(tmp_path / "data.jsonl")
     code, _, err = run(capsys, "train", "t", "--base", BASE, "--data", str(data))
     assert code == 3 and "newly trained adapter is unsigned" in err
@@ -371,10 +372,10 @@ def engine_world(module_home: Path, tmp_path_factory: pytest.TempPathFactory,
     tmp = tmp_path_factory.mktemp("signature-engine")
     catalog = Catalog()
     setup.first_run(catalog)
-    signatures.create_key("alice")
+    keys.create_key("alice")
     imports.add_adapter(catalog, "signed", BASE, f.write_gguf_lora(
         tmp / "s.gguf", base_info, seed=1, strength=0.1), provenance=PROVENANCE)
-    signatures.sign_adapter(catalog, "signed", "alice")
+    records.sign_adapter(catalog, "signed", "alice")
     imports.add_adapter(catalog, "plain", BASE, f.write_gguf_lora(
         tmp / "p.gguf", base_info, seed=2, strength=0.1))
     catalog.add_variant("v-signed", BASE, [AdapterSpec("signed", 1.0)])
@@ -404,7 +405,7 @@ def test_the_engine_checks_signatures_when_a_session_opens(
     # off: both open (the unsigned one first: its warm session matters below).
     open_session(world, resolve(catalog, "v-plain"))
     pid = client.pid
-    signatures.set_policy(catalog, "require")
+    policy.set_policy(catalog, "require")
     spec = resolve(catalog, "v-signed")
     assert spec.policy == "require" and spec.adapters[0].signing is not None
     assert [k.name for k in spec.trusted] == ["release", "alice"]
@@ -420,7 +421,7 @@ def test_the_engine_checks_signatures_when_a_session_opens(
         open_session(world, resolve(catalog, "v-plain"))
     assert "adapter plain: signature required: no signature.sig" in info.value.message
     # warn: served (the engine logs a warning).
-    signatures.set_policy(catalog, "warn")
+    policy.set_policy(catalog, "warn")
     open_session(world, resolve(catalog, "v-plain"))
     # The engine's log reaches the client on its own thread: wait for the line.
     deadline = time.monotonic() + 10
@@ -428,7 +429,7 @@ def test_the_engine_checks_signatures_when_a_session_opens(
                   for line in client.log_tail(50)):
         assert time.monotonic() < deadline, client.log_tail(50)
         time.sleep(0.02)
-    signatures.set_policy(catalog, "require")
+    policy.set_policy(catalog, "require")
 
     folder = Path(catalog.adapter("signed")["path"]).parent
     weights, record = folder / "adapter.gguf", folder / "provenance.json"
@@ -490,7 +491,7 @@ def test_a_demo_seeded_before_signatures_adopts_the_shipped_one(
     setup.first_run(catalog, with_demo=True)
     record = catalog.adapter(demo.ADAPTER_NAME)
     folder = Path(record["path"]).parent
-    (folder / signatures.SIGNATURE_FILE).unlink()
+    (folder / verify.SIGNATURE_FILE).unlink()
     # Its OpenVINO file as an older conversion left it: no record of how it was made.
     target_sha = "f" * 64
     peft = lora_io.convert_file(Path(record["path"]), studio_home / "adapters" /
@@ -508,18 +509,18 @@ def test_a_demo_seeded_before_signatures_adopts_the_shipped_one(
         return data
 
     catalog.state.update(attach)
-    assert signatures.verify_adapter(catalog, demo.ADAPTER_NAME).status == "unsigned"
-    assert signatures.verify_backend_file(catalog, demo.ADAPTER_NAME, "openvino").status \
+    assert records.verify_adapter(catalog, demo.ADAPTER_NAME).status == "unsigned"
+    assert records.verify_backend_file(catalog, demo.ADAPTER_NAME, "openvino").status \
         == "unsigned"
     setup.first_run(catalog)  # the next start
-    assert signatures.verify_adapter(catalog, demo.ADAPTER_NAME).ok
-    converted = signatures.verify_backend_file(catalog, demo.ADAPTER_NAME, "openvino")
+    assert records.verify_adapter(catalog, demo.ADAPTER_NAME).ok
+    converted = records.verify_backend_file(catalog, demo.ADAPTER_NAME, "openvino")
     assert converted.ok and converted.derived and converted.signer == "release"
     # Stored bytes that are not the signed ones get no signature.
-    (folder / signatures.SIGNATURE_FILE).unlink()
+    (folder / verify.SIGNATURE_FILE).unlink()
     flip_byte(folder / "adapter.gguf")
     assert not demo.adopt_signature(catalog)
-    assert not (folder / signatures.SIGNATURE_FILE).exists()
+    assert not (folder / verify.SIGNATURE_FILE).exists()
 
 
 def test_a_signature_made_for_other_file_names_says_so(
@@ -527,7 +528,7 @@ def test_a_signature_made_for_other_file_names_says_so(
         capsys: pytest.CaptureFixture[str]) -> None:
     catalog = Catalog()
     setup.first_run(catalog)
-    signatures.create_key("alice")
+    keys.create_key("alice")
     folder = tmp_path / "download"
     folder.mkdir()
     f.write_gguf_lora(folder / "style.gguf", base_info, seed=1, strength=0.1)
@@ -535,9 +536,9 @@ def test_a_signature_made_for_other_file_names_says_so(
     from model_signing import signing
 
     signing.Config().use_elliptic_key_signer(
-        private_key=signatures.private_key_path("alice")).sign(folder, folder / "x.sig")
-    (folder / "x.sig").rename(folder / signatures.SIGNATURE_FILE)
-    signatures.set_policy(catalog, "require")
+        private_key=keys.private_key_path("alice")).sign(folder, folder / "x.sig")
+    (folder / "x.sig").rename(folder / verify.SIGNATURE_FILE)
+    policy.set_policy(catalog, "require")
     before = catalog_bytes()
     code, _, err = run(capsys, "adapter", "add", "style", "--base", BASE, "--file",
                        str(folder / "style.gguf"))

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from engine.catalog import evaluation, health, merged, resolve, validation
-from engine.catalog.signatures import Verdict, check_row
-from engine.catalog.signatures import entry as signature_entry
 from engine.catalog.store import BACKENDS, Catalog, now_iso
+from engine.catalog.trust.display import entry as signature_entry
+from engine.catalog.trust.policy import check_row
+from engine.catalog.trust.verify import Verdict
 from engine.errors import StudioError, UnknownNameError
 from engine.formats import capabilities, gguf_file
 

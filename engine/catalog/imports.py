@@ -17,9 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import digest, signatures, validation
+from engine.catalog import digest, validation
 from engine.catalog.resolve import counterpart
 from engine.catalog.store import BACKENDS, Catalog, now_iso
+from engine.catalog.trust.policy import check_import, import_check_row
+from engine.catalog.trust.policy import policy as signature_policy
+from engine.catalog.trust.records import import_record, take_signed_files
+from engine.catalog.trust.verify import PROVENANCE_FILE, Verdict
 from engine.errors import Cancelled, RefusedError, StudioError, UnknownNameError, UsageError
 from engine.formats import artifacts, lora_io
 from engine.formats.artifacts import AdapterInfo, BaseModelInfo
@@ -96,7 +100,7 @@ class Staged:
     sha256: str
     config_sha256: str | None
     provenance: dict[str, Any] | None = None  # arrived with a signature (signed bytes)
-    signature: signatures.Verdict | None = None  # when the policy or a signature asked
+    signature: Verdict | None = None  # when the policy or a signature asked
 
 
 def _stage_adapter(file: Path, staging_root: Path, final: Path, base_record: dict[str, Any],
@@ -105,13 +109,13 @@ def _stage_adapter(file: Path, staging_root: Path, final: Path, base_record: dic
                    cancelled: digest.CancelCheck | None,
                    signature_check: Callable[[Path, dict[str, Any] | None,
                                               dict[str, str]],
-                                             signatures.Verdict | None] | None = None
+                                             Verdict | None] | None = None
                    ) -> Staged:
     """The one import pipeline: inspect, copy, validate and hash the copy, rename to
     `final`. Refusal, error or cancel leave nothing behind.
 
     A signature in the source's folder comes along with its signed provenance.json
-    (`signatures.take_signed_files`); `signature_check(staging, provenance, digests)`
+    (`trust.records.take_signed_files`); `signature_check(staging, provenance, digests)`
     then applies the signature policy to the staged copy before it is renamed into
     place (a refusal raises there)."""
     file = Path(file).expanduser().absolute()
@@ -124,8 +128,8 @@ def _stage_adapter(file: Path, staging_root: Path, final: Path, base_record: dic
     try:
         # Three passes over the bytes (copy, value scan, hash), one progress bar.
         stored = _copy_adapter(first, staging, _phase(progress, 0, 3), cancelled)
-        arrived = signatures.take_signed_files(Path(first.path).parent, staging, provenance)
-        if provenance is not None and not (staging / signatures.PROVENANCE_FILE).exists():
+        arrived = take_signed_files(Path(first.path).parent, staging, provenance)
+        if provenance is not None and not (staging / PROVENANCE_FILE).exists():
             write_json_atomic(staging / "provenance.json", provenance)
         info = artifacts.inspect_path(stored)  # validate the bytes we will serve
         if not isinstance(info, AdapterInfo):
@@ -191,7 +195,7 @@ def add_adapter(
     A `provenance` record is stored in the catalog and as `provenance.json` beside
     the stored file. `shipped` adapters (the app's own demo) are stored under
     `<data>/shipped/` rather than `<data>/adapters/`. The catalog's signature policy
-    applies (`signatures.check_import`): a signature arrives as `signature.sig` in the
+    applies (`trust.policy.check_import`): a signature arrives as `signature.sig` in the
     source's folder, with the signed `provenance.json` beside it; curated adapters
     need a valid signature by the shipped release key.
     """
@@ -203,12 +207,12 @@ def add_adapter(
     if not status.ok:
         raise RefusedError(f"base {base}: {status.detail}")
     store_root = paths.data_dir() / ("shipped" if shipped else "adapters")
-    policy = signatures.policy(catalog)
+    policy = signature_policy(catalog)
 
     def signature_check(folder: Path, arrived: dict[str, Any] | None,
-                        expect: dict[str, str]) -> signatures.Verdict | None:
-        return signatures.check_import(catalog, name, folder, curated=curated,
-                                       provenance=arrived, expect=expect)
+                        expect: dict[str, str]) -> Verdict | None:
+        return check_import(catalog, name, folder, curated=curated, provenance=arrived,
+                            expect=expect)
 
     staged = _stage_adapter(file, store_root, store_root / name, base_record,
                             catalog.base_info(base_record), strict=strict or curated,
@@ -242,8 +246,8 @@ def add_adapter(
     record.update(extra or {})
     if staged.signature is not None:
         if staged.signature.status != "unsigned":
-            record["signature"] = signatures.import_record(staged.signature)
-        record["checks"].append(signatures.import_check_row(staged.signature, policy))
+            record["signature"] = import_record(staged.signature)
+        record["checks"].append(import_check_row(staged.signature, policy))
 
     def insert(data: dict) -> dict:
         _check_cancelled(cancelled, name)  # under the lock: cancelled means not added

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.catalog import signatures
 from engine.catalog.identity import (
     DEFAULT_OPENVINO_PROFILE,
     OPENVINO_PROFILES,
@@ -30,8 +29,12 @@ from engine.catalog.identity import (
     runtime_version,
 )
 from engine.catalog.profiles import DEFAULT_PROFILE, Sampling
-from engine.catalog.signatures import AdapterSigning, TrustedKey
 from engine.catalog.store import BACKENDS, AdapterSpec, Reader
+from engine.catalog.trust.policy import AdapterSigning
+from engine.catalog.trust.policy import policy as signature_policy
+from engine.catalog.trust.records import session_signing
+from engine.catalog.trust.trust_list import trusted_keys
+from engine.catalog.trust.verify import TrustedKey
 from engine.errors import RefusedError, StudioError, UsageError
 
 
@@ -123,17 +126,16 @@ def resolve(catalog: Reader, name: str, n_ctx: int | None = None,
     base_path = base["path"] if ident.compute is None else base["profiles"][
         ident.compute.name]["path"]
     adapters: tuple[AdapterFile, ...] = ()
-    policy = signatures.policy(catalog)
+    policy = signature_policy(catalog)
     trusted: tuple[TrustedKey, ...] = ()
     if kind == "variant":
         records = [catalog.adapter(a["name"]) for a in record["adapters"]]
         if policy != "off" or any(r.get("curated") for r in records):
-            trusted = tuple(signatures.trusted_keys())
+            trusted = tuple(trusted_keys())
         adapters = tuple(
             AdapterFile(a["name"], stored["path"], stored["sha256"], a["scale"],
                         stored.get("config_sha256"),
-                        signatures.session_signing(own, base["backend"], policy,
-                                                    trusted))
+                        session_signing(own, base["backend"], policy, trusted))
             for a, own in zip(record["adapters"], records, strict=True)
             for stored in (catalog.adapter_file(a["name"], base["backend"]),)
         )

@@ -167,7 +167,7 @@ def _score_parser(sub: Any) -> None:
 
 def _trust_parser(sub: Any) -> None:
     """Signatures (model-signing, ECDSA P-256 keys) and lineage."""
-    from engine.catalog.signatures import POLICIES
+    from engine.catalog.trust.policy import POLICIES
 
     key = sub.add_parser("key", help="your signing keys (ECDSA P-256, in the data "
                          "directory under keys/)").add_subparsers(

@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.catalog import signatures
 from engine.catalog.store import Catalog
+from engine.catalog.trust.keys import create_key, export_key, list_keys
+from engine.catalog.trust.policy import policy as signature_policy
+from engine.catalog.trust.policy import set_policy
+from engine.catalog.trust.records import sign_adapter, verify_adapter, verify_backend_file
+from engine.catalog.trust.trust_list import trust_add, trust_remove, trusted_keys
 from engine.cli.output import emit_json
 from engine.errors import RefusedError
 
@@ -26,18 +30,18 @@ def _short(fingerprint: str | None) -> str:
 
 def cmd_key(catalog: Catalog, args: argparse.Namespace) -> int:
     if args.action == "create":
-        info = signatures.create_key(args.name)
+        info = create_key(args.name)
         print(f"created key {info.name} (ECDSA P-256, fingerprint {_short(info.fingerprint)})")
         print(f"  private key: {info.private_key} (mode {info.mode}: only you can read it)")
         print(f"  public key:  {info.public_key}")
         print(f"  trusted as {info.name} (`variant-studio trust remove {info.name}` undoes it)")
         return 0
     if args.action == "export":
-        info = signatures.export_key(args.name, args.out)
+        info = export_key(args.name, args.out)
         print(f"wrote the public key of {info.name} to {Path(args.out).expanduser()} "
               f"(fingerprint {_short(info.fingerprint)})")
         return 0
-    keys = signatures.list_keys()
+    keys = list_keys()
     if args.json:
         emit_json([k.to_dict() for k in keys])
         return 0
@@ -51,14 +55,14 @@ def cmd_key(catalog: Catalog, args: argparse.Namespace) -> int:
 
 def cmd_trust(catalog: Catalog, args: argparse.Namespace) -> int:
     if args.action == "add":
-        key = signatures.trust_add(args.file, args.name)
+        key = trust_add(args.file, args.name)
         print(f"trusted {key.name} (fingerprint {_short(key.fingerprint)})")
         return 0
     if args.action == "remove":
-        signatures.trust_remove(args.name)
+        trust_remove(args.name)
         print(f"removed {args.name} from the trust list")
         return 0
-    keys = signatures.trusted_keys()
+    keys = trusted_keys()
     if args.json:
         emit_json([{"name": k.name, "fingerprint": k.fingerprint, "shipped": k.shipped}
                    for k in keys])
@@ -70,7 +74,7 @@ def cmd_trust(catalog: Catalog, args: argparse.Namespace) -> int:
 
 
 def cmd_sign(catalog: Catalog, args: argparse.Namespace) -> int:
-    verdict = signatures.sign_adapter(catalog, args.name, args.key)
+    verdict = sign_adapter(catalog, args.name, args.key)
     print(f"signed adapter {args.name} with key {args.key} ({', '.join(verdict.files) or '?'})")
     if verdict.ok:
         print(f"  verifies: {verdict.reason}")
@@ -81,11 +85,11 @@ def cmd_sign(catalog: Catalog, args: argparse.Namespace) -> int:
 
 def cmd_verify(catalog: Catalog, args: argparse.Namespace) -> int:
     record = catalog.adapter(args.name)
-    keys = signatures.trusted_keys()
-    primary = signatures.verify_adapter(catalog, args.name, keys)
-    backends = {b: signatures.verify_backend_file(catalog, args.name, b, keys, primary)
+    keys = trusted_keys()
+    primary = verify_adapter(catalog, args.name, keys)
+    backends = {b: verify_backend_file(catalog, args.name, b, keys, primary)
                 for b in record.get("files", {})}
-    policy = signatures.policy(catalog)
+    policy = signature_policy(catalog)
     required = bool(record.get("curated")) or policy == "require"
     ok = primary.ok and all(v.ok for v in backends.values())
     if args.json:
@@ -106,11 +110,11 @@ def cmd_verify(catalog: Catalog, args: argparse.Namespace) -> int:
 
 def cmd_policy(catalog: Catalog, args: argparse.Namespace) -> int:
     if args.action == "set":
-        signatures.set_policy(catalog, args.value)
-    value = signatures.policy(catalog)
+        set_policy(catalog, args.value)
+    value = signature_policy(catalog)
     if getattr(args, "json", False):
         emit_json({"policy": value, "meaning": POLICY_TEXT[value],
-                   "trusted": [k.name for k in signatures.trusted_keys()]})
+                   "trusted": [k.name for k in trusted_keys()]})
         return 0
     print(f"signature policy: {value} ({POLICY_TEXT[value]}); curated entries always need "
           "the release key's signature")

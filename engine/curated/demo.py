@@ -13,8 +13,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import digest, evaluation, imports, signatures
+from engine.catalog import digest, evaluation, imports
 from engine.catalog.store import AdapterSpec, Catalog
+from engine.catalog.trust import records
+from engine.catalog.trust.derived import verify_derived
+from engine.catalog.trust.verify import SIGNATURE_FILE
 from engine.curated import embedded
 from engine.errors import StudioError
 from engine.state.statefile import add_notice
@@ -105,14 +108,14 @@ def adopt_signature(catalog: Catalog) -> bool:
     if not record.get("curated"):
         return False
     adopted = False
-    folder = signatures.adapter_folder(record)
-    shipped = resources_dir() / signatures.SIGNATURE_FILE
-    if shipped.is_file() and not (folder / signatures.SIGNATURE_FILE).exists():
-        shutil.copyfile(shipped, folder / signatures.SIGNATURE_FILE)
-        if signatures.verify_adapter(catalog, ADAPTER_NAME).ok:
+    folder = records.adapter_folder(record)
+    shipped = resources_dir() / SIGNATURE_FILE
+    if shipped.is_file() and not (folder / SIGNATURE_FILE).exists():
+        shutil.copyfile(shipped, folder / SIGNATURE_FILE)
+        if records.verify_adapter(catalog, ADAPTER_NAME).ok:
             adopted = True
         else:
-            (folder / signatures.SIGNATURE_FILE).unlink()
+            (folder / SIGNATURE_FILE).unlink()
     entry = record.get("files", {}).get("openvino")
     if entry is not None and "converted_from" not in entry:
         try:
@@ -121,11 +124,11 @@ def adopt_signature(catalog: Catalog) -> bool:
                     "n_head_kv": int(meta["head_count_kv"]),
                     "architecture": str(meta.get("architecture") or "llama"),
                     "rebase": [record["base_sha256"], entry["base_sha256"]]}
-            derivation = signatures.derivation_of(record, {"converted_from": made})
+            derivation = records.derivation_of(record, {"converted_from": made})
             assert derivation is not None
-            found = signatures.verify_derived(
+            found = verify_derived(
                 Path(entry["path"]), entry["sha256"], entry.get("config_sha256"), derivation,
-                signatures.verify_adapter(catalog, ADAPTER_NAME))
+                records.verify_adapter(catalog, ADAPTER_NAME))
         except (StudioError, KeyError, TypeError, ValueError):
             return adopted
         if found.ok:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from engine.catalog import signatures
 from engine.catalog.resolve import AdapterFile, SessionSpec
-from engine.catalog.signatures import TrustedKey, Verdict
+from engine.catalog.trust import verify
+from engine.catalog.trust.derived import verify_derived
+from engine.catalog.trust.verify import TrustedKey, Verdict
 from engine.errors import InspectionError, RefusedError
 
 MAX_VERDICTS = 256
@@ -64,20 +65,20 @@ class SignatureGate:
         else:
             expect = {Path(derived.source).name: derived.sha256}
             extra = [adapter.path, adapter.sha256, adapter.config_sha256, derived.to_dict()]
-        if not (folder / signatures.SIGNATURE_FILE).exists():
-            return signatures.unsigned()
+        if not (folder / verify.SIGNATURE_FILE).exists():
+            return verify.unsigned()
         try:
-            key: str | None = signatures.verdict_key(folder, keys, signing.provenance_sha256,
-                                                     expect, extra)
+            key: str | None = verify.verdict_key(folder, keys, signing.provenance_sha256,
+                                                 expect, extra)
         except (RefusedError, InspectionError, OSError):
             key = None  # unreadable: verify (and fail) without caching
         if key is not None and key in self._verdicts:
             return self._verdicts[key]
-        verdict = signatures.check_recorded(
-            signatures.verify_folder(folder, keys, signing.provenance_sha256), folder, expect)
+        verdict = verify.check_recorded(
+            verify.verify_folder(folder, keys, signing.provenance_sha256), folder, expect)
         if derived is not None:
-            verdict = signatures.verify_derived(Path(adapter.path), adapter.sha256,
-                                                adapter.config_sha256, derived, verdict)
+            verdict = verify_derived(Path(adapter.path), adapter.sha256,
+                                     adapter.config_sha256, derived, verdict)
         self.verified += 1
         if key is not None:
             if len(self._verdicts) >= MAX_VERDICTS:

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import digest, health, imports, resolve, signatures
+from engine.catalog import digest, health, imports, resolve
 from engine.catalog.store import AdapterSpec, Catalog, now_iso
+from engine.catalog.trust.policy import policy as signature_policy
 from engine.curated import setup
 from engine.errors import Cancelled, RefusedError, UsageError
 from engine.formats import lora_io
@@ -81,7 +82,7 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
     paths.check_name(request.name, "adapter name")
     if request.register:
         _check_free(catalog, request.name)
-        if signatures.policy(catalog) == "require":
+        if signature_policy(catalog) == "require":
             # Refused before hours of training: the new adapter would arrive unsigned.
             raise RefusedError("the signature policy is require and a newly trained adapter "
                                "is unsigned: `policy set warn`, train, `sign` it, then "
