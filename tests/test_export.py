@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import cli
+from engine import cli, export
 from engine.catalog import imports
 from engine.catalog.store import AdapterSpec, Catalog
 from engine.curated import demo, setup
@@ -43,7 +43,6 @@ from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.errors import RefusedError
 from engine.formats import hf_export, lora_io
 from engine.formats.artifacts import BaseModelInfo
-from engine.serve import export
 from tests import factories as f
 
 BASE = DEFAULT_MODEL_NAME
@@ -137,7 +136,7 @@ def test_several_adapters_stack_along_the_rank_with_their_whole_multipliers() ->
 
 
 def test_vllm_rank_is_the_smallest_value_vllm_accepts() -> None:
-    from engine.serve.export import vllm
+    from engine.export import vllm
 
     assert [vllm.max_lora_rank(r) for r in (1, 2, 8, 9, 24, 300, 512)] == [
         1, 8, 8, 16, 32, 320, 512]
@@ -149,7 +148,7 @@ def test_the_export_imports_without_torch_or_transformers() -> None:
     code = ("import sys\n"
             "for name in ('torch', 'transformers', 'peft'):\n"
             "    sys.modules[name] = None  # importing them now raises ImportError\n"
-            "import engine.serve.export, engine.serve.export.vllm, engine.cli.export_cmds\n"
+            "import engine.export, engine.export.vllm, engine.cli.export_cmds\n"
             "import engine.formats.hf_export\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
 
@@ -575,10 +574,10 @@ def test_ovms_export_is_the_merged_variant_and_answers_like_it_in_openvino_genai
 
     from engine.catalog.profiles import Sampling
     from engine.catalog.resolve import resolve
+    from engine.export import ovms
     from engine.formats.templates import Message, render
     from engine.runtime import messages
     from engine.runtime.client import EngineClient
-    from engine.serve.export import ovms
     from tests import openvino_helpers
 
     openvino_helpers.cache_dir(tmp_path_factory)  # the session's OpenVINO build cache

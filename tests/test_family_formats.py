@@ -12,7 +12,7 @@ so they judge:
   and GGUF -> PEFT -> GGUF gives the same file's values back;
 - the merge (`merge`): every family's adapted tensor is W + scale·alpha/r·B·A, and the
   merged file computes on llama.cpp what base + adapter computes;
-- the vLLM export (`hf_export`, `serve/export/vllm`): each family's F32 base loads in
+- the vLLM export (`hf_export`, `export/vllm`): each family's F32 base loads in
   transformers as its own class and gives llama.cpp's next-token log-probabilities on
   the same token ids, and the exported PEFT adapter (loaded with peft) changes them as
   the GGUF adapter does on llama.cpp; the Llama 3 export's RoPE reproduces rope_freqs;
@@ -302,9 +302,9 @@ def exported(module_home: Path, family_files: dict[str, families.FamilyFiles],
              tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each family's F32 base with its adapter as a catalog variant, exported for vLLM
     the way `variant-studio export VARIANT --target vllm` does."""
+    from engine import export
     from engine.catalog import imports
     from engine.catalog.store import AdapterSpec, Catalog
-    from engine.serve import export
 
     catalog = Catalog()
     out = tmp_path_factory.mktemp("vllm")

@@ -30,13 +30,13 @@ from typing import Any
 
 import pytest
 
+from engine import export
 from engine.catalog.store import Catalog
 from engine.curated import setup
+from engine.export import llama_server, ovms, vllm
 from engine.formats import architecture
 from engine.formats import capabilities as cap
 from engine.runtime.merge_work import MergeWorker
-from engine.serve import export
-from engine.serve.export import llama_server, ovms, vllm
 from tests import families
 from tests.matrix_helpers import (
     CASES,

@@ -46,6 +46,7 @@ from typing import Any
 
 import pytest
 
+from engine import export
 from engine.catalog import digest, imports, resolve
 from engine.catalog.store import AdapterSpec, Catalog
 from engine.curated import setup
@@ -54,7 +55,6 @@ from engine.runtime import messages
 from engine.runtime.client import EngineClient
 from engine.runtime.openvino import build
 from engine.runtime.openvino import models as openvino_models
-from engine.serve import export
 from tests import families
 from tests.engine_helpers import sampling
 from tests.matrix_helpers import (

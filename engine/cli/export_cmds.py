@@ -9,7 +9,7 @@ import sys
 
 from engine.catalog.store import Catalog
 from engine.cli.output import emit_json
-from engine.serve.export import export_variant
+from engine.export import TARGETS, export_variant
 
 
 def cmd_export(catalog: Catalog, args: argparse.Namespace) -> int:
@@ -17,10 +17,10 @@ def cmd_export(catalog: Catalog, args: argparse.Namespace) -> int:
         if sys.stderr.isatty():
             print(f"export: {stage}", file=sys.stderr, flush=True)
 
-    manifest = export_variant(catalog, args.name, args.target, args.out,
-                              copy_base=args.copy_base, progress=progress,
-                              merge_type=args.merge_type, eval_rows=args.eval_rows,
-                              task_rows=args.task_rows)
+    # The parser offers only the registered targets; the target refuses flags not its own.
+    options = TARGETS[args.target].options_from(args)
+    manifest = export_variant(catalog, args.name, args.target, args.out, options,
+                              progress=progress)
     out = args.out.expanduser().absolute()
     if args.json:
         emit_json({"dir": str(out), **manifest})

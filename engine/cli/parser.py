@@ -11,6 +11,7 @@ from engine import __version__
 from engine.catalog.identity import OPENVINO_PROFILES
 from engine.catalog.store import BACKENDS
 from engine.errors import UsageError
+from engine.export import TARGETS
 from engine.formats import architecture
 
 BACKEND_HELP = "llama (llama.cpp, GGUF) or openvino (OpenVINO, PEFT)"
@@ -248,7 +249,7 @@ def _export_parser(sub: Any) -> None:
                             "a variant (llama-server, vLLM or OpenVINO Model Server), with a "
                             "manifest and a README")
     export.add_argument("name", metavar="VARIANT", help="the variant to export")
-    export.add_argument("--target", required=True, choices=("llama-server", "vllm", "ovms"),
+    export.add_argument("--target", required=True, choices=tuple(TARGETS),
                         help="llama-server (the adapter GGUFs, a router-mode preset, a "
                              "command line, per-request LoRA ids), vllm (the base in "
                              "Hugging Face format and the variant as one PEFT adapter) or "

@@ -18,16 +18,17 @@ stacked along the rank with each one's whole multiplier in its B block.
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from engine.catalog import digest
+from engine.catalog.store import Catalog
 from engine.errors import RefusedError
-from engine.formats import gguf_file, hf_export, lora_io, naming
-from engine.formats.architecture import Model
-from engine.serve.export.common import (
+from engine.export.common import (
     Plan,
     Progress,
     chat_example,
@@ -40,6 +41,9 @@ from engine.serve.export.common import (
     write_json,
     write_text,
 )
+from engine.export.target import refuse_other_flags
+from engine.formats import capabilities, gguf_file, hf_export, lora_io, naming
+from engine.formats.architecture import Model
 
 TARGET = "vllm"
 BASE_DIR = "base"
@@ -50,11 +54,35 @@ REQUEST = "request.json"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def write(plan: Plan, folder: Path, copy_base: bool = False,
-          progress: Progress | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class VllmOptions:
+    """The vLLM export has no flags of its own: the base is always converted into the
+    folder, and the adapters always folded into one PEFT adapter."""
+
+
+class VllmTarget:
+    """The vLLM export as an `engine.export.target.Target`."""
+
+    name = TARGET
+    capability = capabilities.EXPORT_VLLM
+    options_type = VllmOptions
+
+    def options_from(self, args: argparse.Namespace) -> VllmOptions:
+        refuse_other_flags(args, TARGET)
+        return VllmOptions()
+
+    def write(self, catalog: Catalog, plan: Plan, folder: Path, options: VllmOptions,
+              progress: Progress | None) -> dict[str, Any]:
+        del catalog, options  # everything is in the plan; there are no options
+        return write(plan, folder, progress=progress)
+
+
+target = VllmTarget()
+
+
+def write(plan: Plan, folder: Path, progress: Progress | None = None) -> dict[str, Any]:
     """Write the vLLM files into `folder` (a fresh staging folder); returns the
     manifest's target-specific parts: base, adapters, lora and serve."""
-    del copy_base  # the base is always converted into the folder for vLLM
     model = hf_export.describe(gguf_file.read_header(Path(plan.base_path)))
     if progress:
         progress(f"converting base {plan.base_name} to Hugging Face format "

@@ -5,8 +5,10 @@ OpenVINO Model Server (merged: it has no LoRA for text generation).
 Every export folder holds `manifest.json` (each file written with its sha256 and size,
 the variant's identity, base and adapters with digests and scales) and a `README.md`
 for the team that serves it; the targets' own files are described in
-`engine.serve.export.llama_server`, `engine.serve.export.vllm` and
-`engine.serve.export.ovms`.
+`engine.export.llama_server`, `engine.export.vllm` and `engine.export.ovms`. Each
+provides one `engine.export.target.Target` (its name, its options as a frozen
+dataclass, how they are read from the command line, how its files are written),
+registered in `TARGETS`; callers reach a target through that interface only.
 
 Bad input changes nothing. The variant is resolved and every file it is served from
 re-hashed before anything is written; the export is written into a staging folder
@@ -32,11 +34,8 @@ from typing import Any
 from engine import __version__
 from engine.catalog.store import Catalog, now_iso
 from engine.errors import RefusedError, UsageError
-from engine.formats import capabilities, gguf_file
-from engine.formats.safeio import printable
-from engine.runtime import merge_job
-from engine.serve.export import llama_server, ovms, vllm
-from engine.serve.export.common import (
+from engine.export import llama_server, ovms, vllm
+from engine.export.common import (
     MANIFEST,
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -46,43 +45,39 @@ from engine.serve.export.common import (
     make_plan,
     write_json,
 )
+from engine.export.target import Target
+from engine.formats import capabilities, gguf_file
+from engine.formats.safeio import printable
 
-TARGETS = {llama_server.TARGET: llama_server, vllm.TARGET: vllm, ovms.TARGET: ovms}
-# What each target needs of the base (formats.capabilities): asked before anything is read.
-CAPABILITY = {llama_server.TARGET: capabilities.EXPORT_LLAMA_SERVER,
-              vllm.TARGET: capabilities.EXPORT_VLLM, ovms.TARGET: capabilities.EXPORT_OVMS}
+# Every target, by its --target name, in the order the command lists them.
+TARGETS: dict[str, Target[Any]] = {t.name: t for t in (llama_server.target, vllm.target,
+                                                       ovms.target)}
 
 
 def export_variant(catalog: Catalog, name: str, target: str, out: Path,
-                   copy_base: bool = False, progress: Progress | None = None,
-                   merge_type: str | None = None, eval_rows: int | None = None,
-                   task_rows: int | None = None) -> dict[str, Any]:
-    """Export variant `name` for `target` into folder `out`; returns the manifest.
+                   options: object | None = None,
+                   progress: Progress | None = None) -> dict[str, Any]:
+    """Export variant `name` for `target` (a name in `TARGETS`) into folder `out`;
+    returns the manifest.
 
-    `merge_type`, `eval_rows` and `task_rows` are for the OpenVINO Model Server export,
-    which merges the variant (see `engine.serve.export.ovms`)."""
+    `options` is the target's options (`TARGETS[target].options_type`, built from the
+    command line by its `options_from`); None is the target's plain export."""
     if target not in TARGETS:
-        raise UsageError(f"unknown export target {target!r} (llama-server, vllm or ovms)")
-    if copy_base and target != llama_server.TARGET:
-        raise UsageError("--copy-base is for --target llama-server (the vLLM export always "
-                         "holds the base, converted; the OVMS export the merged model)")
-    if target != ovms.TARGET and (merge_type, eval_rows, task_rows) != (None, None, None):
-        raise UsageError("--merge-type, --eval-rows and --task-rows are for --target ovms "
-                         "(the other exports keep the adapters as adapters)")
+        raise UsageError(f"unknown export target {target!r} ({_names()})")
+    chosen = TARGETS[target]
+    if options is None:
+        options = chosen.options_type()
+    elif not isinstance(options, chosen.options_type):
+        raise TypeError(f"the {target} export takes {chosen.options_type.__name__}, not "
+                        f"{type(options).__name__}")
     out = Path(out).expanduser().absolute()
     check_destination(out, name)
     plan = make_plan(catalog, name)
-    capabilities.require(gguf_file.read_header(Path(plan.base_path)), CAPABILITY[target])
+    capabilities.require(gguf_file.read_header(Path(plan.base_path)), chosen.capability)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
         staging.chmod(0o755)  # mkdtemp's 0700 would hide the export from its team
-        if target == ovms.TARGET:
-            section = ovms.write(
-                catalog, plan, staging, merge_type or ovms.DEFAULT_MERGE_TYPE, eval_rows,
-                merge_job.DEFAULT_TASK_ROWS if task_rows is None else task_rows, progress)
-        else:
-            section = TARGETS[target].write(plan, staging, copy_base=copy_base,
-                                            progress=progress)
+        section = chosen.write(catalog, plan, staging, options, progress)
         manifest = build_manifest(plan, target, section, staging)
         write_json(staging / MANIFEST, manifest)
         check_destination(out, name)  # again: the folder may have changed meanwhile
@@ -91,6 +86,12 @@ def export_variant(catalog: Catalog, name: str, target: str, out: Path,
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+def _names() -> str:
+    """The targets' names as a sentence lists them: "a, b or c"."""
+    names = list(TARGETS)
+    return f"{', '.join(names[:-1])} or {names[-1]}"
 
 
 def build_manifest(plan: Plan, target: str, section: dict[str, Any],

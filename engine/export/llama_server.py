@@ -15,11 +15,14 @@ with `--copy-base`.
 
 from __future__ import annotations
 
+import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.catalog.store import Catalog
 from engine.errors import RefusedError
-from engine.serve.export.common import (
+from engine.export.common import (
     LLAMA_CPP_ISSUE,
     Plan,
     Progress,
@@ -35,11 +38,40 @@ from engine.serve.export.common import (
     write_json,
     write_text,
 )
+from engine.export.target import refuse_other_flags
+from engine.formats import capabilities
 
 TARGET = "llama-server"
 PRESET = "models.ini"
 SCRIPT = "serve.sh"
 LORA_REQUEST = "lora-request.json"
+
+
+@dataclass(frozen=True)
+class LlamaServerOptions:
+    """The llama-server export's flags."""
+
+    copy_base: bool = False  # copy the base GGUF into the folder (default: reference it)
+
+
+class LlamaServerTarget:
+    """The llama-server export as an `engine.export.target.Target`."""
+
+    name = TARGET
+    capability = capabilities.EXPORT_LLAMA_SERVER
+    options_type = LlamaServerOptions
+
+    def options_from(self, args: argparse.Namespace) -> LlamaServerOptions:
+        refuse_other_flags(args, TARGET)
+        return LlamaServerOptions(copy_base=bool(args.copy_base))
+
+    def write(self, catalog: Catalog, plan: Plan, folder: Path, options: LlamaServerOptions,
+              progress: Progress | None) -> dict[str, Any]:
+        del catalog  # everything is in the plan
+        return write(plan, folder, copy_base=options.copy_base, progress=progress)
+
+
+target = LlamaServerTarget()
 
 
 def write(plan: Plan, folder: Path, copy_base: bool = False,

@@ -25,20 +25,19 @@ The merged GGUF itself is not part of the export (it is a step of the build).
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.catalog import merged as catalog_merged
 from engine.catalog.store import Catalog
 from engine.errors import RefusedError, UsageError
-from engine.formats import merge
-from engine.runtime import merge_job
-from engine.runtime.merge_work import MAX_ITEMS, MergeWorker
-from engine.serve.export.common import (
+from engine.export.common import (
     Plan,
     Progress,
     chat_example,
@@ -50,6 +49,10 @@ from engine.serve.export.common import (
     write_json,
     write_text,
 )
+from engine.export.target import refuse_other_flags
+from engine.formats import capabilities, merge
+from engine.runtime import merge_job
+from engine.runtime.merge_work import MAX_ITEMS, MergeWorker
 
 TARGET = "ovms"
 CONFIG = "config.json"
@@ -64,6 +67,39 @@ CACHE_SIZE_GB = 1
 IR_FILES = ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml",
             "openvino_tokenizer.bin", "openvino_detokenizer.xml", "openvino_detokenizer.bin",
             "config.json", "tokenizer_config.json", "generation_config.json")
+
+
+@dataclass(frozen=True)
+class OvmsOptions:
+    """The OVMS export's flags: those of the merge it makes (as for `variant-studio
+    merge`)."""
+
+    merge_type: str = DEFAULT_MERGE_TYPE
+    eval_rows: int | None = None  # at most this many evaluation items (None: all)
+    task_rows: int = merge_job.DEFAULT_TASK_ROWS
+
+
+class OvmsTarget:
+    """The OpenVINO Model Server export as an `engine.export.target.Target`."""
+
+    name = TARGET
+    capability = capabilities.EXPORT_OVMS
+    options_type = OvmsOptions
+
+    def options_from(self, args: argparse.Namespace) -> OvmsOptions:
+        refuse_other_flags(args, TARGET)
+        # The merge type is checked in `write`, where callers of the API pass it too.
+        task_rows = merge_job.DEFAULT_TASK_ROWS if args.task_rows is None else args.task_rows
+        return OvmsOptions(merge_type=args.merge_type or DEFAULT_MERGE_TYPE,
+                           eval_rows=args.eval_rows, task_rows=task_rows)
+
+    def write(self, catalog: Catalog, plan: Plan, folder: Path, options: OvmsOptions,
+              progress: Progress | None) -> dict[str, Any]:
+        return write(catalog, plan, folder, options.merge_type, options.eval_rows,
+                     options.task_rows, progress)
+
+
+target = OvmsTarget()
 
 
 def write(catalog: Catalog, plan: Plan, folder: Path, merge_type: str = DEFAULT_MERGE_TYPE,
