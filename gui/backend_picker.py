@@ -14,8 +14,9 @@ from PySide6.QtWidgets import QComboBox, QWidget
 from engine.catalog import resolve
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
+from gui.render import BACKEND_LABELS
 
-LABELS = {"llama": "llama.cpp", "openvino": "OpenVINO"}
+LABELS = BACKEND_LABELS  # (gui.render: the views' labels and status lines say the same)
 
 
 class BackendPicker(QComboBox):

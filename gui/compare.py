@@ -1,36 +1,37 @@
 """A/B comparison: the base and a variant streaming side by side.
 
-Same prompt, same sampling settings and seed on both sides. When both finish, the
-first token where they differ is marked in both texts, each side's speed is shown,
-and the engine's adapter-effect figure (the base's tokens teacher-forced through the
-variant: mean |Δ log p| per token) is stated plainly. A plot (QtCharts,
-`gui.widgets.logprob_chart`) shows each side's per-token log-probability, with the
-values on hover. The comparison exports as Markdown or JSON.
+The view of `gui.controllers.compare.CompareController`, which owns the run (one
+`Compare` request: same prompt, same sampling settings and seed on both sides), each
+side's tokens, the result, the recent comparisons and the exports: this widget lays out
+the settings, both texts and the plot, forwards the user's actions and draws what the
+controller reports (`CompareListener`).
 
-A run is one `Compare` request whose `Reply` this view holds; switching the variant or
-the backend stops it and drops it, so nothing of it lands under the new labels. The
-variant list follows catalog changes (`CatalogEvents`: variants), the backend picker
-follows models and adapters (a conversion or the OpenVINO build adds a backend).
+When both sides finish, the first token where they differ is marked in both texts, each
+side's speed is shown, and the engine's adapter-effect figure (the base's tokens
+teacher-forced through the variant: mean |Δ log p| per token) is stated plainly. A plot
+(QtCharts, `gui.widgets.logprob_chart`) shows each side's per-token log-probability,
+with the values on hover. The comparison exports as Markdown or JSON. Switching the
+variant or the backend stops a run and drops it. The variant list follows catalog
+changes (`CatalogEvents`: variants), the backend picker follows models and adapters (a
+conversion or the OpenVINO build adds a backend).
 
-Both sides are rendered Markdown (`gui.markdown`). The first differing token is marked
-on its own in both texts and the rest of each divergent tail is shaded lighter: the
-texts are rendered with private-use marker characters around those places, and the
-markers are turned into formats once the HTML is in the document (so a mark can cross
-paragraphs and code blocks). Each side says how it ended (a side cut at max tokens says
-so). Recent comparisons are kept (this session, newest first) so an import, a new
-variant or a switch does not lose one.
+Both sides are rendered Markdown (`gui.markdown`); while they stream, each finished
+block is drawn once (`gui.render.StreamingMarkdown` in a `StreamRegion`). The first
+differing token is marked on its own in both texts and the rest of each divergent tail
+is shaded lighter: the texts are rendered with private-use marker characters around
+those places (`gui.render.marked_markdown`), and the markers are turned into formats
+once the HTML is in the document (so a mark can cross paragraphs and code blocks). Each
+side says how it ended (a side cut at max tokens says so). Recent comparisons are kept
+(this session, newest first) so an import, a new variant or a switch does not lose one.
 """
 
 from __future__ import annotations
 
 import html
-import json
-import re
-import time
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QKeySequence, QPalette, QShortcut, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -50,92 +51,114 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
-from engine.errors import StudioError
-from engine.runtime import assembly
-from engine.runtime.messages import Compare, Prompt
 from engine.runtime.results import CompareResult, GenerationResult
-from gui.backend_picker import LABELS, BackendPicker
+from gui.backend_picker import BackendPicker
 from gui.catalog_events import CatalogEvents, touches
+from gui.controllers.compare import (
+    CompareController,
+    SideState,
+    comparison_markdown,
+    effect_scale,
+    finish_text,
+    summary_text,
+)
 from gui.engine_client import QtEngineClient, Reply
+from gui.markdown import fence_for
 from gui.markdown import render as render_markdown
+from gui.render import TAIL_START, TOKEN_START, StreamingMarkdown, marked_markdown
 from gui.widgets.logprob_chart import LogprobChart
+from gui.widgets.stream_region import StreamRegion
 
-MARK = "background-color:rgba(224,118,43,0.28)"
+# Older callers import these from here.
+__all__ = ["CompareView", "comparison_markdown", "effect_scale", "fence_for", "finish_text",
+           "summary_text"]
+
 TOKEN_COLOR = QColor(224, 118, 43, 150)  # the first differing token, on its own
 TAIL_COLOR = QColor(224, 118, 43, 46)  # the rest of the divergent tail, lighter
-TOKEN_START, TAIL_START = "\ue000", "\ue001"  # private use: survive the rendering
-HISTORY = 20
-# At a line's start, Markdown's block syntax must stay first on its line, or a marker
-# would turn a heading, a list item or a code fence into a paragraph.
-BLOCK_SYNTAX = re.compile(r"(?:[ \t]*(?:#{1,6}[ \t]|>[ \t]?|[-*+][ \t]|\d+[.)][ \t]|"
-                          r"(?:`{3,}|~{3,})[^\n]*\n|\|))*")
-# Adapter effect (mean |Δ log p| per token of the base's tokens under the variant):
-# measured for the shipped demo variant (tool-calls, scale 1.0) on six requests of its
-# task (five typed ones and the first held-out one): 0.86 to 2.08 nats/token.
-DEMO_EFFECT = "about 0.9–2.1"
 PLOT_INTERVAL_MS = 250  # between redraws of the plot while both sides stream
-TEXT_INTERVAL_MS = 100  # between renders of a side's text while it streams
-FINISH = {"eos": "ended (end of text)", "stop": "ended at a stop string",
-          "length": "cut at max tokens", "context": "cut: the context is full"}
-
-
-def finish_text(result: GenerationResult, max_tokens: int | None = None) -> str:
-    reason = result.finish_reason or ""
-    words = FINISH.get(reason, reason)
-    if reason == "length" and max_tokens:
-        words += f" ({max_tokens})"
-    return words
-
-
-def marked_source(tokens: list[str], divergence: int) -> tuple[str, int, int]:
-    """The text with the marks' places: (text, token start, tail start) as positions
-    where TOKEN_START and TAIL_START go, moved past block syntax at a line's start."""
-    text = "".join(tokens)
-    start = len("".join(tokens[:divergence]))
-    end = start + len(tokens[divergence]) if divergence < len(tokens) else start
-    if start == 0 or text[start - 1] == "\n":
-        start += BLOCK_SYNTAX.match(text, start).end() - start
-        line_end = text.find("\n", start)
-        limit = len(text) if line_end < 0 else line_end
-        end = min(max(end, start + 1), max(limit, start))
-    return text, start, max(end, start)
+TEXT_INTERVAL_MS = 100  # between draws of a side's new text while it streams
 
 
 class _Side:
-    def __init__(self, title: str) -> None:
-        self.title = QLabel(title)
+    """One side's title and text on screen, over its `SideState` (the controller's)."""
+
+    def __init__(self, state: SideState) -> None:
+        self.state = state
+        self.title = QLabel(state.title)
         # Wrapped to its column: a finished run's figures make a header longer than the
         # column, which as one line raised the window's minimum width (the window grew
         # by itself and squeezed the library).
         self.title.setWordWrap(True)
         self.browser = QTextBrowser()
         self.browser.setOpenLinks(False)
-        self.tokens: list[list[Any]] = []  # [token id, logprob, text]
-        self.text = ""
-        self.result: GenerationResult | None = None
         self.marks: tuple[str, str] = ("", "")  # (the token marked, the tail shaded)
+        self._stream: StreamingMarkdown | None = None  # while it streams
+        self._region: StreamRegion | None = None
+        self._pending = ""  # arrived, not drawn yet
+
+    @property
+    def tokens(self) -> list[list[Any]]:
+        return self.state.tokens
+
+    @tokens.setter
+    def tokens(self, tokens: list[list[Any]]) -> None:
+        self.state.tokens = tokens
+
+    @property
+    def text(self) -> str:
+        return self.state.text
+
+    @text.setter
+    def text(self, text: str) -> None:
+        self.state.text = text
+
+    @property
+    def result(self) -> GenerationResult | None:
+        return self.state.result
 
     def reset(self, title: str) -> None:
-        self.title.setText(title)
-        self.tokens, self.text, self.result = [], "", None
+        self.state.reset(title)
+        self.clear()
+
+    def clear(self) -> None:
+        """The state's title, no text."""
+        self.title.setText(self.state.title)
         self.marks = ("", "")
+        self._stream = self._region = None
+        self._pending = ""
         self.browser.setPlainText("")
 
     def _dark(self) -> bool:
         return self.browser.palette().color(QPalette.ColorRole.Base).lightness() < 128
 
+    def grow(self, text: str) -> None:
+        self._pending += text
+
+    def draw_stream(self) -> None:
+        """What arrived since the last draw: finished blocks appended, the tail redrawn."""
+        if not self._pending:
+            return
+        if self._stream is None or self._region is None:
+            dark = self._dark()
+            self._stream = StreamingMarkdown(
+                lambda text: render_markdown(text, dark, copy_links=False).html)
+            self.browser.setPlainText("")
+            self._region = StreamRegion(self.browser.document())
+        pending, self._pending = self._pending, ""
+        self._region.show(self._stream.feed(pending))
+
     def render(self, divergence: int | None = None) -> None:
-        """Rendered Markdown; from `divergence` on, the token marked, the tail shaded."""
-        texts = [t[2] for t in self.tokens]
+        """Rendered Markdown, whole; from `divergence` on, the token marked, the tail
+        shaded."""
+        self._stream = self._region = None
+        self._pending = ""
         if divergence is None or divergence >= len(self.tokens):
             self.browser.setHtml(render_markdown(self.text, self._dark(),
                                                  copy_links=False).html)
             self.marks = ("", "")
             return
-        text, start, end = marked_source(texts, divergence)
-        source = text[:start] + TOKEN_START + text[start:end] + TAIL_START + text[end:]
+        source = marked_markdown([t[2] for t in self.tokens], divergence)
         self.browser.setHtml(render_markdown(source, self._dark(), copy_links=False).html)
         document = self.browser.document()
         positions = []
@@ -173,13 +196,9 @@ class CompareView(QWidget):
         super().__init__(parent)
         self.client = client
         self.catalog = catalog
-        self.reply: Reply | None = None  # the run in progress
-        self.result: CompareResult | None = None
-        self.params: dict[str, Any] | None = None
-        # Each side's first token, seconds after the run was asked for: both sides are
-        # timed the same way, by this view's clock from the same start.
-        self.first_token_seconds: dict[str, float] = {}
-        self._started = 0.0
+        self.backend = BackendPicker()
+        self.controller = CompareController(client, catalog, self,
+                                            backend=self.backend.backend)
         # While streaming the plot is redrawn a few times a second, not at every batch
         # of either side (each redraw costs milliseconds the engine needs on a small
         # machine); the finished run draws the final figures.
@@ -187,8 +206,8 @@ class CompareView(QWidget):
         self._plot_timer.setSingleShot(True)
         self._plot_timer.setInterval(PLOT_INTERVAL_MS)
         self._plot_timer.timeout.connect(self._plot_stream)
-        # Likewise each side's text (rendered Markdown, whole, each time): its first
-        # token at once, then at most ten times a second.
+        # Likewise each side's new text: its first token at once, then at most ten
+        # times a second.
         self._dirty: set[str] = set()
         self._text_timer = QTimer(self)
         self._text_timer.setSingleShot(True)
@@ -197,7 +216,6 @@ class CompareView(QWidget):
 
         self.variant = QComboBox()
         self.variant.setToolTip("Switch the variant to compare against its base")
-        self.backend = BackendPicker()
         self.variant.currentTextChanged.connect(self._variant_changed)
         self.backend.activated.connect(lambda _i: self._choice_changed())
         self.prompt = QPlainTextEdit()
@@ -226,7 +244,6 @@ class CompareView(QWidget):
         self.export_json.clicked.connect(lambda: self._export("json"))
         QShortcut(QKeySequence("Ctrl+Return"), self.prompt, activated=self.run)
         # Recent comparisons (this session): an import or a switch does not lose one.
-        self.history: list[dict[str, Any]] = []
         self.recent = QComboBox()
         self.recent.setToolTip("Recent comparisons: choose one to show it again")
         self.recent.setAccessibleName("Recent comparisons")
@@ -260,8 +277,8 @@ class CompareView(QWidget):
         row.addWidget(self.run_button)
         row.addWidget(self.stop_button)
 
-        self.base_side = _Side("Base")
-        self.variant_side = _Side("Variant")
+        self.base_side = _Side(self.controller.sides["base"])
+        self.variant_side = _Side(self.controller.sides["variant"])
         grid = QGridLayout()
         grid.addWidget(self.base_side.title, 0, 0)
         grid.addWidget(self.variant_side.title, 0, 1)
@@ -297,15 +314,40 @@ class CompareView(QWidget):
         layout.addWidget(self.split, 1)
 
         events.catalogChanged.connect(self._catalog_changed)
-        self.set_variants(self._catalog_variants())
+        self.set_variants(self.controller.variants())
+
+    # ---------------------------------------------------------------- the controller's state
+
+    @property
+    def reply(self) -> Reply | None:
+        """The run in progress (the request's `Reply`)."""
+        return self.controller.reply  # type: ignore[return-value]
+
+    @property
+    def result(self) -> CompareResult | None:
+        return self.controller.result
+
+    @property
+    def params(self) -> dict[str, Any] | None:
+        return self.controller.params
+
+    @params.setter
+    def params(self, params: dict[str, Any] | None) -> None:
+        self.controller.params = params
+
+    @property
+    def first_token_seconds(self) -> dict[str, float]:
+        return self.controller.first_token_seconds
+
+    @first_token_seconds.setter
+    def first_token_seconds(self, seconds: dict[str, float]) -> None:
+        self.controller.first_token_seconds = seconds
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.controller.history
 
     # ---------------------------------------------------------------- variants
-
-    def _catalog_variants(self) -> list[str]:
-        try:
-            return sorted(self.catalog.data()["variants"], key=str.lower)
-        except StudioError:
-            return []
 
     def set_variants(self, names: list[str], current: str | None = None) -> None:
         before = self.variant.currentText()
@@ -326,7 +368,7 @@ class CompareView(QWidget):
     def _catalog_changed(self, kinds: list[str], names: list[str]) -> None:
         if "variant" in kinds:
             shown = self.variant.currentText()
-            self.set_variants(self._catalog_variants())
+            self.set_variants(self.controller.variants())
             if shown and shown in names and self.variant.currentText() == shown:
                 self._choice_changed()  # edited: its identity (the titles) changed
         elif touches(kinds, ("model", "adapter")):
@@ -345,46 +387,8 @@ class CompareView(QWidget):
         self._choice_changed()
 
     def _choice_changed(self) -> None:
-        """Another variant (or backend) is chosen: the sides say what the next run
-        compares, and texts of the previous choice are not left under its labels."""
-        shown = bool(self.result or self.base_side.text or self.variant_side.text)
-        if self.reply is not None:
-            # A run of the previous choice: stop it and drop it, so nothing it still
-            # delivers lands under the new choice's labels.
-            self._drop_reply().stop()
-            self.busyChanged.emit(False)
-        name = self.variant.currentText()
-        base_title, variant_title = "Base", "Variant"
-        if name:
-            try:
-                base_title, variant_title = self._titles(
-                    name, assembly.spec(self.catalog, name, backend=self.backend.backend()))
-            except StudioError as exc:
-                variant_title = (f"<b>Variant</b> · {html.escape(name)} · <span "
-                                 f"style='color:#d23c3c'>{html.escape(exc.message)}</span>")
-        self.base_side.reset(base_title)
-        self.variant_side.reset(variant_title)
-        self.result = None
-        self.plot.set_data([], [], None)
-        if not name:  # an empty state that says what to do next
-            text = ("No variant to compare yet: compose one (Ctrl+Shift+N) or import an "
-                    "adapter (Ctrl+I).")
-        elif shown:
-            text = f"Now comparing {html.escape(name)}: run it (Ctrl+Enter)."
-        else:
-            text = (f"Write a prompt and run it (Ctrl+Enter): the base and "
-                    f"{html.escape(name)} answer side by side, and the first token where "
-                    "they differ is marked.")
-        self.summary.setText(text)
+        self.controller.choose(self.variant.currentText())
         self._update_buttons()
-
-    @staticmethod
-    def _titles(name: str, spec: SessionSpec) -> tuple[str, str]:
-        runtime = LABELS.get(spec.backend, spec.backend)
-        return (f"<b>Base</b> · {html.escape(spec.base_name)} · {runtime} · "
-                f"<code>{spec.identity.base_only().short}</code>",
-                f"<b>Variant</b> · {html.escape(name)} · {runtime} · "
-                f"<code>{spec.identity.short}</code>")
 
     def select_variant(self, name: str) -> None:
         index = self.variant.findText(name)
@@ -394,81 +398,32 @@ class CompareView(QWidget):
     # ---------------------------------------------------------------- running
 
     def run(self) -> None:
-        name = self.variant.currentText()
-        prompt = self.prompt.toPlainText().strip()
-        if not name or not prompt or self.reply is not None:
-            if not prompt:
-                self.summary.setText("Write a prompt first.")
-            return
-        chat = self.chat.isChecked()
-        try:
-            request = assembly.request(self.catalog, name, Prompt(text=prompt, chat=chat),
-                                       kind=Compare, backend=self.backend.backend(),
-                                       max_tokens=self.max_tokens.value(),
-                                       temperature=self.temperature.value(),
-                                       seed=self.seed.value())
-        except StudioError as exc:
-            self.summary.setText(f"<span style='color:#d23c3c'>{html.escape(exc.message)}"
-                                 "</span>")
-            return
-        # What the exports say was asked: the prompt and every sampling setting.
-        self.params = {"prompt": {"text": prompt, "chat": chat},
-                       "sampling": request.sampling.to_dict()}
-        base_title, variant_title = self._titles(name, request.spec)
-        self.base_side.reset(base_title)
-        self.variant_side.reset(variant_title)
-        self.result = None
-        self.plot.set_data([], [], None)
-        self.summary.setText("running both sides…")
-        self.first_token_seconds = {}
-        self._dirty.clear()
-        self._started = time.perf_counter()
-        reply = self.client.submit(request)
-        reply.tokens.connect(self._on_tokens)
-        reply.finished.connect(self._on_finished)
-        reply.failed.connect(self._on_failed)
-        reply.cancelled.connect(self._on_cancelled)
-        self.reply = reply
-        self._update_buttons()
-        self.busyChanged.emit(True)
+        self.controller.run(self.variant.currentText(), self.prompt.toPlainText(),
+                            self.chat.isChecked(), self.max_tokens.value(),
+                            self.temperature.value(), self.seed.value())
 
     def stop(self) -> None:
-        if self.reply is not None:
-            self.reply.stop()
-
-    def _drop_reply(self) -> Reply:
-        """Stop listening to the current run (it is no longer this view's business)."""
-        reply = self.reply
-        assert reply is not None
-        for signal, slot in ((reply.tokens, self._on_tokens),
-                             (reply.finished, self._on_finished),
-                             (reply.failed, self._on_failed),
-                             (reply.cancelled, self._on_cancelled)):
-            signal.disconnect(slot)
-        self.reply = None
-        self._plot_timer.stop()
-        self._render_dirty()  # what arrived last is shown (a stop keeps the texts)
-        return reply
+        self.controller.stop()
 
     def _side(self, name: str) -> _Side | None:
         return {"base": self.base_side, "variant": self.variant_side}.get(name)
 
-    def _token_texts(self) -> dict[str, list[str]]:
-        """Each side's token texts, for the plot's hover."""
-        return {"base": [t[2] for t in self.base_side.tokens],
-                "variant": [t[2] for t in self.variant_side.tokens]}
+    def show_titles(self) -> None:
+        self._dirty.clear()
+        self.base_side.clear()
+        self.variant_side.clear()
+        self.plot.set_data([], [], None)
 
-    @Slot(str, str, list)
-    def _on_tokens(self, side: str, text: str, tokens: list) -> None:
+    def show_summary(self, text: str) -> None:
+        self.summary.setText(text)
+
+    def side_grew(self, side: str, text: str, first: bool) -> None:
         target = self._side(side)
         if target is None:
             return
-        first = side not in self.first_token_seconds
-        self.first_token_seconds.setdefault(side, time.perf_counter() - self._started)
-        target.tokens.extend(tokens)
-        target.text += text
+        target.grow(text)
         if first:
-            target.render()
+            target.draw_stream()
         else:
             self._dirty.add(side)
             if not self._text_timer.isActive():
@@ -481,100 +436,51 @@ class CompareView(QWidget):
         for side in sorted(self._dirty):
             target = self._side(side)
             if target is not None:
-                target.render()
+                target.draw_stream()
         self._dirty.clear()
 
     def _plot_stream(self) -> None:
         if self.reply is not None:
             self.plot.set_data([t[1] for t in self.base_side.tokens],
                                [t[1] for t in self.variant_side.tokens], None,
-                               self._token_texts())
+                               self.controller.token_texts())
 
-    @Slot(object)
-    def _on_finished(self, result: Any) -> None:
-        self._dirty.clear()  # show_result renders both sides, marked
-        self._drop_reply()
-        self.show_result(result)
-        self.busyChanged.emit(False)
+    def busy_changed(self, busy: bool) -> None:
+        if not busy:
+            self._plot_timer.stop()
+            self._render_dirty()  # what arrived last is shown (a stop keeps the texts)
+        self._update_buttons()
+        self.busyChanged.emit(busy)
 
     def show_result(self, result: CompareResult) -> None:
         """A finished comparison: both texts marked, speeds, endings, plot, summary;
         kept in the recent comparisons."""
-        self.result = result
-        div = result.first_divergence
+        self.controller.show_result(result)
+
+    def show_comparison(self) -> None:
+        shown = self.controller.result
+        assert shown is not None
+        self._dirty.clear()  # rendered whole, marked
+        div = shown.first_divergence
         for side in (self.base_side, self.variant_side):
-            side.result = result.base if side is self.base_side else result.variant
-            side.text = side.result.text
             side.render(div)
-        base, variant = result.base, result.variant
-        limit = (self.params or {}).get("sampling", {}).get("max_tokens")
-        # Both sides' figures are measured the same way: the engine's decode rate of
-        # that side, and this view's clock to that side's first token.
-        for side, figures in ((self.base_side, base), (self.variant_side, variant)):
-            first = self.first_token_seconds.get("base" if side is self.base_side
-                                                 else "variant")
-            side.title.setText(side.title.text() +
-                               f" · {figures.tokens_per_second:.1f} tok/s · "
-                               + (f"first token {first:.2f} s · " if first is not None
-                                  else "") + finish_text(figures, limit))
+            side.title.setText(side.state.title)
         # The final figures: the engine's log-probabilities, whole.
-        self.plot.set_data(list(base.logprobs), list(variant.logprobs), div,
-                           self._token_texts())
-        self.summary.setText(summary_text(result))
-        self._remember()
+        self.plot.set_data(list(shown.base.logprobs), list(shown.variant.logprobs), div,
+                           self.controller.token_texts())
+        self.summary.setText(summary_text(shown))
         self._update_buttons()
 
     # ---------------------------------------------------------------- history
 
-    def _remember(self) -> None:
-        assert self.result is not None
-        entry = {"time": time.time(), "variant": self.variant.currentText(),
-                 "params": self.params, "result": self.result,
-                 "titles": (self.base_side.title.text(), self.variant_side.title.text()),
-                 "tokens": (list(self.base_side.tokens), list(self.variant_side.tokens))}
-        self.history.insert(0, entry)
-        del self.history[HISTORY:]
+    def show_history(self) -> None:
         self.recent.clear()
-        for item in self.history:
-            prompt = " ".join(str(item["params"]["prompt"]["text"]).split())
-            self.recent.addItem(time.strftime("%H:%M:%S", time.localtime(item["time"])) +
-                                f" · {item['variant']} · {prompt[:40]}")
+        self.recent.addItems(self.controller.history_labels())
         self.recent.setCurrentIndex(0)
         self.recent.setEnabled(True)
 
     def _show_recent(self, index: int) -> None:
-        if not 0 <= index < len(self.history) or self.reply is not None:
-            return
-        entry = self.history[index]
-        self.result, self.params = entry["result"], entry["params"]
-        div = self.result.first_divergence
-        for side, name, title, tokens in ((self.base_side, "base", entry["titles"][0],
-                                           entry["tokens"][0]),
-                                          (self.variant_side, "variant", entry["titles"][1],
-                                           entry["tokens"][1])):
-            side.title.setText(title)
-            side.tokens = list(tokens)
-            side.result = self.result.side(name)
-            side.text = side.result.text
-            side.render(div)
-        self.plot.set_data(list(self.result.base.logprobs),
-                           list(self.result.variant.logprobs), div, self._token_texts())
-        self.summary.setText(summary_text(self.result))
-        self._update_buttons()
-
-    @Slot(str, list)
-    def _on_failed(self, message: str, _details: list) -> None:
-        self._drop_reply()
-        self.summary.setText(f"<span style='color:#d23c3c'>{html.escape(message)}</span>")
-        self._update_buttons()
-        self.busyChanged.emit(False)
-
-    @Slot()
-    def _on_cancelled(self) -> None:
-        self._drop_reply()
-        self.summary.setText("stopped")
-        self._update_buttons()
-        self.busyChanged.emit(False)
+        self.controller.recall(index)
 
     def _update_buttons(self) -> None:
         busy = self.reply is not None
@@ -586,12 +492,7 @@ class CompareView(QWidget):
     # ---------------------------------------------------------------- export
 
     def export_text(self, kind: str) -> str:
-        assert self.result is not None and self.params is not None
-        if kind == "json":
-            return json.dumps({"prompt": self.params["prompt"],
-                               "sampling": self.params["sampling"], **self.result.to_dict()},
-                              indent=2, ensure_ascii=False)
-        return comparison_markdown(self.params, self.result)
+        return self.controller.export_text(kind)
 
     def _export(self, kind: str) -> None:
         if self.result is None:
@@ -606,76 +507,3 @@ class CompareView(QWidget):
                 path += suffix
             Path(path).write_text(self.export_text(kind), encoding="utf-8")
             self.summary.setText(self.summary.text() + f"<br>exported to {html.escape(path)}")
-
-
-def effect_scale(effect: float) -> str:
-    """What an adapter effect (nats/token) means, in words."""
-    if effect <= 1e-6:
-        return "none"
-    if effect < 0.05:
-        return "small"
-    if effect < 0.5:
-        return "moderate"
-    return "large"
-
-
-def summary_text(result: CompareResult) -> str:
-    div = result.first_divergence
-    effect = result.adapter_effect
-    where = ("the two sides never differ" if div is None else
-             f"first divergence at token {div} (highlighted: that token on its own, the rest "
-             "lighter)")
-    scales = [a.scale for a in result.variant.adapters]
-    at = ", ".join(f"{s:g}" for s in scales)
-    if effect is None:
-        figure = "adapter effect: n/a (the base produced no tokens)"
-    elif scales and all(s == 0 for s in scales):
-        figure = (f"<b>adapter effect {effect:.4f} nats/token</b> at scale 0: the adapter "
-                  "is switched off, so 0 is expected")
-    else:
-        verdict = ("the adapter is applied" if effect > 1e-6 else
-                   "no measurable effect: the adapter changes nothing here")
-        figure = (f"<b>adapter effect {effect:.4f} nats/token</b>"
-                  + (f" at scale {at}" if at else "") +
-                  f" — {effect_scale(effect)}: the base's own tokens, scored by the variant, "
-                  f"change log-probability by this much on average (under 0.05 is small, "
-                  f"over 0.5 large; the demo variant at scale 1: {DEMO_EFFECT}); {verdict}")
-    return f"{where} · {figure}"
-
-
-def fence_for(text: str) -> str:
-    """A code fence longer than any run of backticks in `text`: the text cannot close it."""
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    return "`" * max(3, longest + 1)
-
-
-def _setting(value: Any) -> str:
-    if isinstance(value, list | tuple):
-        return ", ".join(json.dumps(v) for v in value) if value else "none"
-    return str(value)
-
-
-def comparison_markdown(params: dict[str, Any], result: CompareResult) -> str:
-    prompt = str(params["prompt"]["text"])
-    fence = fence_for(prompt)
-    lines = ["# Variant comparison", "", "**Prompt:**", "", f"{fence}text", prompt, fence, "",
-             "| setting | value |", "| --- | --- |"]
-    for key, value in params["sampling"].items():
-        lines.append(f"| {key} | {_setting(value).replace('|', chr(92) + '|')} |")
-    limit = params["sampling"].get("max_tokens")
-    for side in ("base", "variant"):
-        r = result.side(side)
-        lines += ["", f"## {side.title()}: {r.name}", "",
-                  f"- identity: `{r.identity}`", f"- backend: {r.backend}",
-                  f"- tokens: {len(r.token_ids)}, {r.tokens_per_second:.1f} tok/s, "
-                  f"{finish_text(r, limit)}"]
-        for a in r.adapters:
-            lines.append(f"- adapter {a.name} scale {a.scale:g} sha256 `{a.sha256}`")
-        fence = fence_for(r.text)
-        lines += ["", f"{fence}text", r.text, fence]
-    div = result.first_divergence
-    effect = result.adapter_effect
-    lines += ["", f"**First divergence:** {'none' if div is None else f'token {div}'}",
-              "", f"**Adapter effect:** {'n/a' if effect is None else f'{effect:.4f}'} "
-              "nats/token (mean |Δ log p| of the base's tokens under the variant)", ""]
-    return "\n".join(lines)

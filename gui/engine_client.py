@@ -31,6 +31,7 @@ from engine.runtime import messages as m
 from engine.runtime.client import EngineClient, RequestHandle
 from engine.runtime.results import EngineStatus
 from engine.state import settings
+from gui.controllers.engine_port import RequestSink
 
 FLUSH_MS = 50
 
@@ -192,6 +193,18 @@ class QtEngineClient(QObject):
         reply = Reply(self, request)
         self._replies.add(reply)
         reply.handle = self._client.submit(request, lambda event: self._raw.emit(reply, event))
+        return reply
+
+    def start(self, request: m.Request, sink: RequestSink) -> Reply:
+        """`submit`, with the reply's events going to `sink` (a view's controller,
+        `gui.controllers.engine_port`)."""
+        reply = self.submit(request)
+        # Lambdas, held by the connections: a bound method of a plain object is held
+        # weakly, and a sink nobody else holds would stop hearing its request.
+        reply.tokens.connect(lambda side, text, toks: sink.tokens(side, text, toks))
+        reply.finished.connect(lambda result: sink.finished(result))
+        reply.failed.connect(lambda message, details: sink.failed(message, details))
+        reply.cancelled.connect(lambda: sink.cancelled())
         return reply
 
     def describe(self) -> Reply:

@@ -13,11 +13,16 @@ to highlight a code block or put a button beside it, and its output cannot be ma
 is a maintained CommonMark implementation whose renderer rules are overridable.
 `render` takes `marks`: private-use characters that survive rendering, which a view
 turns into formats after the HTML is in its document (`gui.compare`).
+
+`finished_length` tells which part of a text that is still arriving is made of finished
+blocks (their HTML cannot change any more), so a streaming answer renders each finished
+block once (`gui.render.StreamingMarkdown`).
 """
 
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +38,7 @@ INLINE_CODE = "<code style='font-family:monospace'>"
 LIGHT_STYLE, DARK_STYLE = "default", "monokai"
 MAX_HIGHLIGHT = 200_000  # characters: larger blocks are shown plain (Pygments is linear,
 # but a megabyte of spans makes QTextDocument slow to lay out)
+LINE_BREAK = re.compile(r"\r\n?|\n")  # as markdown-it counts lines
 
 
 @dataclass
@@ -109,3 +115,30 @@ def render(text: str, dark: bool = False, first_block: int = 0,
 
 def markdown_html(text: str, dark: bool = False) -> str:
     return render(text, dark, copy_links=False).html
+
+
+def fence_for(text: str) -> str:
+    """A code fence longer than any run of backticks in `text`: the text cannot close it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def finished_length(text: str) -> int:
+    """How many characters at the start of `text` (Markdown still arriving) are finished
+    top-level blocks: blocks that more text can no longer change, so their HTML can be
+    kept. 0 when there is none.
+
+    A top-level block is finished once another one has started after it (CommonMark
+    reads blocks line by line: a block closed by the next one stays closed). The next
+    block's first line must be whole: a line such as "#" starts a heading, but "#x" is
+    a lazy continuation of the paragraph before it. Not covered: a link reference
+    defined after the block that uses it (the final render, whole, resolves it)."""
+    starts = [token.map[0] for token in _MD.parse(text)
+              if token.level == 0 and token.map is not None and token.nesting >= 0]
+    if len(starts) < 2:
+        return 0
+    last = starts[-1]  # a block after the first: line 1 or later
+    breaks = [match.end() for match in LINE_BREAK.finditer(text)]
+    if len(breaks) <= last:  # the last block's first line has no line break yet
+        return 0
+    return breaks[last - 1]

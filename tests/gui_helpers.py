@@ -55,3 +55,49 @@ def drive_modal(find: Callable[[], Any], act: Callable[[Any], None]) -> None:
                 dialog.reject()
 
     QTimer.singleShot(0, attempt)
+
+
+class FakeRun:
+    """A request started on a `FakeEngine`: remembers being stopped."""
+
+    def __init__(self, request: Any, sink: Any) -> None:
+        self.request = request
+        self.sink = sink  # deliver its events by hand: sink.tokens(...), sink.finished(...)
+        self.stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+class FakeEngine:
+    """The engine as a view's controller sees it (`gui.controllers.engine_port.Engine`),
+    with no engine process: it keeps each request; the test delivers its events."""
+
+    def __init__(self) -> None:
+        self.runs: list[FakeRun] = []
+
+    def start(self, request: Any, sink: Any) -> FakeRun:
+        run = FakeRun(request, sink)
+        self.runs.append(run)
+        return run
+
+    @property
+    def last(self) -> FakeRun:
+        return self.runs[-1]
+
+
+def generation_result(text: str, name: str = "model", tokens: list[str] | None = None,
+                      finish: str = "eos", **fields: Any) -> Any:
+    """A `GenerationResult` as the engine would send it for `text` (one token per piece
+    of `tokens`, else one per character)."""
+    from engine.runtime.results import GenerationResult
+
+    pieces = tokens if tokens is not None else list(text)
+    return GenerationResult.from_dict({
+        "name": name, "kind": "variant", "text": text,
+        "token_ids": list(range(len(pieces))), "logprobs": [-0.5] * len(pieces),
+        "tokens_per_second": 12.0, "finish_reason": finish, "identity": "f" * 64,
+        "identity_short": "f" * 12, "backend": "llama", "prompt_tokens": 3,
+        "reused_tokens": 0, "prompt_seconds": 0.01,
+        "adapters": [{"name": "tool-calls-lora", "scale": 1.0, "sha256": "a" * 64}],
+        **fields})

@@ -2,7 +2,8 @@
 answer in a block of its own, regenerate with a new seed (unless greedy) keeping the
 versions, edit and resend as a branch, a per-chat system prompt and sampling saved with
 the conversation, rename / search / export, a Copy link per code block, fresh footers,
-and an empty chat that says what the variant is for."""
+and an empty chat that says what the variant is for; and, with a fake engine, the label
+of an answer streaming a numbered list, and a JSON answer shown as code."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from engine.runtime.messages import Generate
 from engine.state import conversations
 from engine.state.conversations import ChatMessage
 from gui.main_window import MainWindow
-from tests.gui_helpers import LONG, SHORT
+from tests.gui_helpers import LONG, SHORT, FakeEngine, generation_result
 
 WARM = {"temperature": 0.9, "max_tokens": 6, "repeat_penalty": 1.0, "seed": 5}
 GREEDY = {"temperature": 0.0, "max_tokens": 6, "repeat_penalty": 1.0, "seed": 5}
@@ -205,3 +206,56 @@ def test_code_blocks_have_copy_links_and_an_empty_chat_says_what_it_is_for(
     cursor = chat.transcript.document().find("print")
     assert cursor.charFormat().foreground().color().name() != \
         chat.transcript.document().find("Two").charFormat().foreground().color().name()
+
+
+def test_a_streaming_list_keeps_the_label_and_a_json_answer_is_code(
+        window: MainWindow) -> None:
+    """With no engine (a fake one delivers the events): the speaker's label stays a label
+    while an answer that starts a numbered list streams, each finished block is drawn
+    once, and an answer that is one JSON value is shown as a formatted code block."""
+    chat = window.chat
+    window.open_chat(VARIANT_NAME)
+    engine = FakeEngine()
+    chat.controller.engine = engine
+    chat.input.setPlainText("List two things.")
+    chat.send()
+    assert chat.reply is engine.last and chat.input.toPlainText() == ""
+    document = chat.transcript.document()
+
+    def label_block():  # noqa: ANN202
+        block = document.begin()
+        while block.isValid() and not block.text().startswith(VARIANT_NAME):
+            block = block.next()
+        return block
+
+    for piece in ("1", ".", " First", "\n2. Sec", "ond\n", "\nDone", ".\n"):
+        engine.last.sink.tokens("main", piece, [])
+        label = label_block()
+        assert label.isValid() and label.textList() is None, piece
+    items = [(b.text(), b.textList().itemText(b)) for b in blocks_of(document)
+             if b.textList() is not None]
+    assert items == [("First", "1."), ("Second", "2.")]
+    assert chat.transcript.toPlainText().count("Done.") == 1
+    engine.last.sink.finished(generation_result("1. First\n2. Second\n\nDone.\n",
+                                                VARIANT_NAME))
+    assert chat.reply is None and label_block().textList() is None
+    assert "12.0 tok/s" in label_block().text()
+
+    call = '{"tool": "get_weather", "args": {"city": "Paris"}}'
+    chat.input.setPlainText("Weather in Paris?")
+    chat.send()
+    engine.last.sink.tokens("main", call, [])
+    engine.last.sink.finished(generation_result(call, VARIANT_NAME))
+    pretty = json.dumps(json.loads(call), indent=2)
+    assert chat._code[-1] == pretty
+    cursor = document.find('"city": "Paris"')
+    assert not cursor.isNull() and cursor.charFormat().fontFamilies() == ["monospace"]
+    chat.transcript.anchorClicked.emit(QUrl(f"copy:{len(chat._code) - 1}"))
+    assert QGuiApplication.clipboard().text() == pretty
+
+
+def blocks_of(document):  # noqa: ANN001, ANN201
+    block = document.begin()
+    while block.isValid():
+        yield block
+        block = block.next()

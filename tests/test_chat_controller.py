@@ -1,0 +1,280 @@
+"""The chat's controller on its own, with no engine and no widget: requests built by
+the one assembly function (the chat's own system prompt and sampling on top of the
+profile), the answer streamed, recorded and saved, a request the user moved away from
+not heard, regenerate with a new seed keeping the versions, edit and resend as a
+branch, an answer that cannot be asked for, and that the controller, the renderer and
+the engine port import no Qt."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.catalog.store import AdapterSpec, Catalog
+from engine.curated import setup
+from engine.curated.demo import ADAPTER_NAME, VARIANT_NAME
+from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
+from engine.formats.templates import Message
+from engine.runtime.messages import Generate
+from engine.state import conversations, paths
+from gui.controllers.chat import ChatController
+from tests.gui_helpers import FakeEngine, generation_result
+
+WARM = {"temperature": 0.9, "max_tokens": 6, "repeat_penalty": 1.0, "seed": 5}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Recorder:
+    """A view that only writes down what it is told (`ChatListener`)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.streamed: list[str] = []
+        self.statuses: list[str] = []
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+    def model_changed(self) -> None:
+        self.calls.append(("model_changed", None))
+
+    def conversation_opened(self) -> None:
+        self.calls.append(("conversation_opened", None))
+
+    def show_conversation(self) -> None:
+        self.calls.append(("show_conversation", None))
+
+    def show_list(self) -> None:
+        self.calls.append(("show_list", None))
+
+    def show_settings(self) -> None:
+        self.calls.append(("show_settings", None))
+
+    def show_status(self, text: str) -> None:
+        self.statuses.append(text)
+
+    def busy_changed(self, busy: bool) -> None:
+        self.calls.append(("busy_changed", busy))
+
+    def stream_started(self) -> None:
+        self.calls.append(("stream_started", None))
+
+    def stream_grew(self, text: str) -> None:
+        self.streamed.append(text)
+
+    def answer_finished(self) -> None:
+        self.calls.append(("answer_finished", None))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def catalog(module_home: Path) -> Catalog:
+    catalog = Catalog()
+    setup.first_run(catalog, with_demo=True)
+    catalog.add_variant("warm", BASE, [AdapterSpec(ADAPTER_NAME, 0.5)], WARM)
+    return catalog
+
+
+@pytest.fixture
+def parts(catalog: Catalog) -> tuple[ChatController, FakeEngine, Recorder, Clock]:
+    """A controller over the module's catalog, with no conversation kept from before."""
+    shutil.rmtree(paths.conversations_dir(), ignore_errors=True)
+    engine, listener, clock = FakeEngine(), Recorder(), Clock()
+    seeds = iter(range(1000, 2000))
+    controller = ChatController(engine, catalog, listener, clock=clock,
+                                new_seed=lambda: next(seeds))
+    return controller, engine, listener, clock
+
+
+def test_an_answer_is_asked_streamed_recorded_and_saved(parts) -> None:  # noqa: ANN001
+    controller, engine, listener, clock = parts
+    controller.set_model(VARIANT_NAME)
+    assert controller.conversation is not None and controller.conversation.messages == ()
+    assert controller.header()[1] and "identity" in controller.header()[0]
+    assert controller.send("  Weather in Paris?  ")
+    request = engine.last.request
+    assert isinstance(request, Generate)
+    assert request.prompt.messages == (Message("user", "Weather in Paris?"),)
+    assert request.prompt.system is None  # the profile's, in the spec
+    assert request.sampling.seed == 0 and request.spec.identity == controller.spec().identity
+    assert controller.reply is engine.last and ("busy_changed", True) in listener.calls
+    # Drawn once it runs; saved once it was asked (the list shows the new title).
+    assert listener.names()[-4:] == ["show_conversation", "stream_started", "busy_changed",
+                                     "show_list"]
+    assert not controller.send("again")  # one answer at a time
+
+    clock.now += 0.25
+    engine.last.sink.tokens("main", '{"tool": ', [[1, -0.1, '{"tool": ']])
+    clock.now += 1.0
+    engine.last.sink.tokens("main", '"get_weather"}', [])
+    assert listener.streamed == ['{"tool": ', '"get_weather"}']
+    assert controller.stream_text == '{"tool": "get_weather"}'
+    assert controller.first_token_seconds == pytest.approx(0.25)
+    assert listener.statuses[-1] == "generating… 23 chars, 1.2 s"
+
+    text = '{"tool": "get_weather"}'
+    engine.last.sink.finished(generation_result(text, VARIANT_NAME))
+    user, answer = controller.conversation.messages
+    assert (user.content, answer.content, answer.model) == \
+        ("Weather in Paris?", text, VARIANT_NAME)
+    assert (answer.identity, answer.backend, answer.seed, answer.error) == \
+        ("f" * 64, "llama", 0, None)
+    assert controller.reply is None and listener.names()[-1] == "answer_finished"
+    assert ("busy_changed", False) in listener.calls
+    assert "12.0 tok/s" in listener.statuses[-1] and "first token 0.25 s" in \
+        listener.statuses[-1]
+    assert conversations.load(controller.conversation.id) == controller.conversation
+    assert controller.footer().startswith("last answer: " + VARIANT_NAME)
+    assert controller.last_answer_text() == text
+    assert [c.id for c in controller.listed] == [controller.conversation.id]
+    assert controller.conversation.title == "Weather in Paris?"
+
+
+def test_moving_away_stops_the_answer_and_keeps_what_came(parts) -> None:  # noqa: ANN001
+    controller, engine, listener, _clock = parts
+    controller.set_model(VARIANT_NAME)
+    controller.send("Tell me a story.")
+    asked = controller.conversation.id
+    run = engine.last
+    run.sink.tokens("main", "Once", [])
+    controller.set_model(BASE)
+    assert run.stopped and controller.reply is None and controller.model_name == BASE
+    kept = conversations.load(asked)
+    assert [m.content for m in kept.messages] == ["Tell me a story.", "Once"]
+    assert kept.messages[-1].error == "stopped"
+    # What the stopped request still delivers is not heard, here or in the other chat.
+    heard = len(listener.calls), list(listener.streamed)
+    run.sink.tokens("main", " upon", [])
+    run.sink.cancelled()
+    assert (len(listener.calls), listener.streamed) == heard
+    assert conversations.load(asked) == kept and controller.conversation.messages == ()
+
+    # A failure keeps what came, with the reason; the conversation can go on.
+    controller.send("Hello?")
+    engine.last.sink.tokens("main", "Hi", [])
+    engine.last.sink.failed("engine stopped: signal 6", [])
+    assert controller.conversation.messages[-1].content == "Hi"
+    assert controller.conversation.messages[-1].error == "engine stopped: signal 6"
+    assert listener.statuses[-1] == "failed"
+    controller.send("And now?")
+    # The failed answer is not part of what the next one is asked from.
+    assert [m.content for m in engine.last.request.prompt.messages] == ["Hello?", "And now?"]
+    controller.stop()
+    assert engine.last.stopped and controller.reply is not None  # until it is confirmed
+    engine.last.sink.cancelled()
+    assert controller.conversation.messages[-1].error == "stopped"
+
+
+def test_regenerate_and_edit_keep_versions(parts) -> None:  # noqa: ANN001
+    controller, engine, _listener, _clock = parts
+    controller.set_model("warm")
+    controller.send("Name a colour.")
+    engine.last.sink.finished(generation_result("Red.", "warm"))
+    assert controller.regenerate()
+    assert engine.last.request.sampling.seed == 1000  # a new seed: the sampling is warm
+    assert [m.content for m in engine.last.request.prompt.messages] == ["Name a colour."]
+    engine.last.sink.finished(generation_result("Blue.", "warm"))
+    answer = controller.conversation.messages[1]
+    assert (answer.content, answer.seed, answer.version, answer.versions()) == \
+        ("Blue.", 1000, 1, 2)
+    controller.switch_version(1, -1)
+    assert controller.conversation.messages[1].content == "Red."
+    assert conversations.load(controller.conversation.id).messages[1].content == "Red."
+
+    # Edit the question and send it again: a branch; the old path is another version.
+    assert not controller.start_editing(1)  # an answer is not edited
+    assert controller.start_editing(0) and controller.editing == 0
+    controller.send("Name a fruit.")
+    assert controller.editing is None
+    assert [m.content for m in engine.last.request.prompt.messages] == ["Name a fruit."]
+    engine.last.sink.finished(generation_result("Apple.", "warm"))
+    first = controller.conversation.messages[0]
+    assert [m.content for m in controller.conversation.messages] == ["Name a fruit.", "Apple."]
+    assert (first.version, first.versions()) == (1, 2)
+    controller.switch_version(0, -1)
+    assert [m.content for m in controller.conversation.messages] == ["Name a colour.", "Red."]
+
+    # Greedy: a new seed would change nothing, so the profile's stays.
+    controller.set_model(VARIANT_NAME)
+    controller.send("Weather?")
+    engine.last.sink.finished(generation_result("{}", VARIANT_NAME))
+    controller.regenerate()
+    assert engine.last.request.sampling.seed == 0
+
+
+def test_the_chats_own_settings_go_with_its_requests(parts) -> None:  # noqa: ANN001
+    controller, engine, listener, _clock = parts
+    controller.set_model(VARIANT_NAME)
+    shown = controller.settings()
+    assert shown is not None and not shown.custom
+    assert shown.system == shown.profile_system and "JSON tool call" in shown.system
+    assert (shown.temperature, shown.max_tokens, shown.seed) == (0.0, 64, 0)
+    controller.edit_settings("Answer in French.", 0.0, 0.95, 3, 0)
+    assert controller.conversation.sampling == {"max_tokens": 3}  # only what differs
+    assert controller.custom_settings() and controller.settings().system == \
+        "Answer in French."
+    controller.send("Hello")
+    request = engine.last.request
+    assert request.prompt.system == "Answer in French." and request.sampling.max_tokens == 3
+    engine.last.sink.finished(generation_result("Bonjour", VARIANT_NAME))
+    saved = conversations.load(controller.conversation.id)
+    assert saved.system_prompt == "Answer in French." and saved.sampling == {"max_tokens": 3}
+    controller.reset_settings()
+    assert not controller.custom_settings() and listener.names()[-1] == "show_settings"
+
+    # A setting no request can take: the answer says why, nothing is started.
+    started = len(engine.runs)
+    controller.edit_settings("Answer in French.", 0.0, 0.95, 3, 0)
+    controller.conversation = controller.conversation.with_settings(None, {"top_p": 7.0})
+    controller.send("Again")
+    assert len(engine.runs) == started and controller.reply is None
+    failed = controller.conversation.messages[-1]
+    assert failed.role == "assistant" and failed.content == "" and failed.error
+
+
+def test_conversations_are_listed_renamed_exported_and_deleted(
+        parts, tmp_path: Path) -> None:  # noqa: ANN001
+    controller, engine, _listener, _clock = parts
+    controller.set_model(VARIANT_NAME)
+    controller.send("First chat")
+    engine.last.sink.finished(generation_result("ok", VARIANT_NAME))
+    first = controller.conversation.id
+    controller.new_chat()
+    controller.send("Second chat about the sea")
+    engine.last.sink.finished(generation_result("waves", VARIANT_NAME))
+    assert [c.title for c in controller.listed] == ["Second chat about the sea", "First chat"]
+    assert [c.id for c in controller.matching("sea")] == [controller.conversation.id]
+    controller.rename(first, "  Renamed   one ")
+    assert conversations.load(first).title == "Renamed one"
+    controller.pick(first)
+    assert controller.conversation.id == first
+    path = controller.export(str(tmp_path / "chat.md"))
+    assert Path(path).read_text(encoding="utf-8").startswith("# Renamed one\n")
+    controller.delete()
+    assert conversations.load(first) is None
+    assert controller.conversation is not None and controller.conversation.id != first
+    assert [c.title for c in controller.listed] == ["Second chat about the sea"]
+    # A replay record gets back the messages it was asked from.
+    assert controller.replay_record(1) is None  # none was recorded by the fake engine
+
+
+def test_the_controllers_and_the_renderer_import_no_qt() -> None:
+    code = ("import sys\n"
+            "for name in ('PySide6', 'shiboken6', 'qasync'):\n"
+            "    sys.modules[name] = None\n"
+            "import gui.controllers.chat, gui.controllers.compare, gui.render\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
