@@ -6,6 +6,8 @@ llama.cpp backend (`engine.runtime.llama.backend`) and the OpenVINO backend
 (`engine.runtime.openvino.backend`) implement these protocols; `load_model` is the only
 place that names them, so the sessions know nothing else about either. The backends
 import nothing from here (the protocols are structural), so there is no import circle.
+`TEST_LOADERS` is the one hook for tests: a loader put there by test code (the unit
+tier's fake backend) stands in for a backend's own, in that process only.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from engine.errors import RefusedError
 from engine.formats.artifacts import AdapterInfo
 from engine.runtime.tokens import common_prefix
 
-__all__ = ["BACKENDS", "AdapterSet", "Context", "ResidentModel", "TextStream",
-           "common_prefix", "load_model"]
+__all__ = ["BACKENDS", "TEST_LOADERS", "AdapterSet", "Context", "Loader", "ResidentModel",
+           "TextStream", "common_prefix", "load_model"]
 
 BACKENDS = ("llama", "openvino")
 CancelCheck = Callable[[], bool]
@@ -115,11 +117,25 @@ class ResidentModel(Protocol):
     def close(self) -> None: ...
 
 
+# load_model's arguments, in its order.
+Loader = Callable[[str, str, int, LoadProgress | None, CancelCheck, ComputeProfile | None],
+                  ResidentModel]
+# Loaders that stand in for a backend's own in this process: the unit tier of the tests puts
+# a fake backend here (tests/fake_backend.py) to run sessions, the scheduler and the server
+# in-process without native code. Only code in the process can fill it (no file, setting,
+# environment variable or request names a loader), so a model file cannot select one; the
+# engine never does, so it is empty in every engine and worker process.
+TEST_LOADERS: dict[str, Loader] = {}
+
+
 def load_model(backend: str, path: str, sha256: str, n_threads: int,
                progress: LoadProgress | None, cancelled: CancelCheck,
                compute: ComputeProfile | None = None) -> ResidentModel:
     """Load a base model on `backend` (the file's digest was verified by the caller);
     `compute` is the OpenVINO profile it computes with (None: the exact settings)."""
+    loader = TEST_LOADERS.get(backend)
+    if loader is not None:
+        return loader(path, sha256, n_threads, progress, cancelled, compute)
     if backend == "llama":
         from engine.runtime.llama.backend import LlamaModel
 
