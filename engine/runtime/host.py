@@ -1,7 +1,8 @@
 """The engine host process: `python -m engine.runtime.host`.
 
-Reads requests from stdin and writes events on the protocol channel (a private copy
-of stdout: `engine.runtime.worker.ChildChannel`). One engine thread owns every native
+A worker of the one worker service (`engine.runtime.service`): the main thread reads
+requests from stdin (its `Inbox`), each a `Job` that writes its events on the protocol
+channel and ends exactly once. One engine thread owns every native
 object (the Anki pattern: a single executor for the resource that is unsafe to share);
 the main thread keeps reading so that cancel requests take effect during long work.
 Requests are decoded into the typed messages of `engine.runtime.messages`.
@@ -23,47 +24,28 @@ Results are typed values (`engine.runtime.results`), written as JSON here.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import queue
 import sys
 import threading
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine import wire
 from engine.errors import Cancelled, StudioError
 from engine.runtime import messages as m
-from engine.runtime import protocol
+from engine.runtime.service import Inbox, Job
 from engine.runtime.worker import ChildChannel
 
 if TYPE_CHECKING:
     from engine.runtime.sessions import SessionRegistry
 
 
-@dataclass
-class Job:
-    """One request on its way through the engine thread."""
-
-    id: str
-    op: str
-    params: Any
-    cancel: threading.Event = field(default_factory=threading.Event)
-
-    def cancelled(self) -> bool:
-        return self.cancel.is_set()
-
-
 class Host:
     def __init__(self, channel: ChildChannel) -> None:
         self.channel = channel
         self._queue: queue.Queue[Job | None] = queue.Queue()
-        self._pending: dict[str, Job] = {}
-        self._pending_lock = threading.Lock()
         self._registry: SessionRegistry | None = None
 
     # ---------------------------------------------------------------- main thread
@@ -72,37 +54,11 @@ class Host:
         worker = threading.Thread(target=self._engine_loop, name="engine", daemon=True)
         worker.start()
         self.channel.send({"event": "ready", "pid": os.getpid(), "versions": _versions()})
-        for line in sys.stdin.buffer:
-            if len(line) > protocol.MAX_LINE:
-                continue
-            try:
-                message = json.loads(line)
-            except (ValueError, RecursionError):
-                continue
-            if not isinstance(message, dict):
-                continue
-            op = message.get("op")
-            if op == "shutdown":
-                break
-            if op == "cancel":
-                self._cancel(str(message.get("target")))
-                continue
-            job = Job(str(message.get("id")), str(op), message.get("params") or {})
-            with self._pending_lock:
-                self._pending[job.id] = job
-            self._queue.put(job)
-        # stdin closed or shutdown: stop after the current request.
-        with self._pending_lock:
-            for job in self._pending.values():
-                job.cancel.set()
+        # stdin closed or shutdown: everything in flight is cancelled; stop after the
+        # current request.
+        Inbox(self.channel).read(self._queue.put)
         self._queue.put(None)
         worker.join(timeout=30)
-
-    def _cancel(self, target: str) -> None:
-        with self._pending_lock:
-            job = self._pending.get(target)
-        if job is not None:
-            job.cancel.set()
 
     # ---------------------------------------------------------------- engine thread
 
@@ -123,13 +79,13 @@ class Host:
                     request = m.decode_request(job.op, job.params)
                 except Exception as exc:
                     waiting.pop(0)
-                    self._failed(job, exc)
+                    job.fail(exc)
                     continue
                 if type(request) in EXCLUSIVE:
                     if running:
                         break
                     waiting.pop(0)
-                    self._run(job, lambda r=request, j=job: EXCLUSIVE[type(r)](self, r, j))
+                    job.run(lambda r=request, j=job: EXCLUSIVE[type(r)](self, r, j))
                 elif isinstance(request, m.Generate | m.Score):
                     waiting.pop(0)
                     task = self._start_task(job, request)
@@ -137,7 +93,7 @@ class Host:
                         running.append((job, task))
                 else:
                     waiting.pop(0)
-                    self._run(job, lambda r=request, j=job: HANDLERS[type(r)](self, r, j))
+                    job.run(lambda r=request, j=job: HANDLERS[type(r)](self, r, j))
             for entry in list(running):
                 job, task = entry
                 try:
@@ -145,12 +101,12 @@ class Host:
                 except Exception as exc:
                     task.close()
                     running.remove(entry)
-                    self._failed(job, exc)
+                    job.fail(exc)
                     continue
                 if result is not None:
                     task.close()
                     running.remove(entry)
-                    self._finished(job, result)
+                    job.finish(result)
         for _job, task in running:
             task.close()
         if self._registry is not None:
@@ -176,44 +132,16 @@ class Host:
                 # must not stop the chat or the server for minutes (engine.runtime.scoring).
                 from engine.runtime.scoring import ScoreTask
 
-                return ScoreTask(self.registry(), request, self.emitter(job), job.cancelled)
+                return ScoreTask(self.registry(), request, job.emit, job.cancelled)
             from engine.runtime.generation import GenerationTask
 
             kind = "compare" if isinstance(request, m.Compare) else "generate"
             return GenerationTask(self.registry(), kind, request.spec, request.prompt,
-                                  request.sampling, self.emitter(job), job.cancelled,
+                                  request.sampling, job.emit, job.cancelled,
                                   request.top_logprobs)
         except Exception as exc:
-            self._failed(job, exc)
+            job.fail(exc)
             return None
-
-    def _run(self, job: Job, handler: Callable[[], Any]) -> None:
-        try:
-            if job.cancelled():
-                raise Cancelled("cancelled before it started")
-            result = handler()
-        except Exception as exc:
-            self._failed(job, exc)
-        else:
-            self._finished(job, result)
-
-    def _finished(self, job: Job, result: Any) -> None:
-        self.channel.send({"id": job.id, "event": "finished", "result": wire.encode(result)})
-        self._forget(job)
-
-    def _failed(self, job: Job, exc: BaseException) -> None:
-        if isinstance(exc, Cancelled) or job.cancelled():
-            self.channel.send({"id": job.id, "event": "cancelled"})
-        else:
-            payload = protocol.error_payload(exc)
-            if not isinstance(exc, StudioError):
-                payload["details"] = payload["details"] + traceback.format_exception(exc)
-            self.channel.send({"id": job.id, "event": "failed", "error": payload})
-        self._forget(job)
-
-    def _forget(self, job: Job) -> None:
-        with self._pending_lock:
-            self._pending.pop(job.id, None)
 
     def registry(self) -> SessionRegistry:
         """The residents and sessions, created on first use."""
@@ -228,15 +156,6 @@ class Host:
     def started(self) -> SessionRegistry | None:
         """The registry if anything was asked of it yet (else None: nothing loaded)."""
         return self._registry
-
-    def emitter(self, job: Job) -> Callable[..., None]:
-        def emit(event: str, **payload: Any) -> None:
-            self.channel.send({"id": job.id, "event": event, **payload})
-        return emit
-
-    def progress(self, job: Job) -> Callable[[str, float], None]:
-        emit = self.emitter(job)
-        return lambda stage, fraction: emit("progress", stage=stage, fraction=fraction)
 
 
 # --------------------------------------------------------------------------- handlers
@@ -256,7 +175,7 @@ def _describe(host: Host, request: m.Describe, job: Job) -> Any:
 
 
 def _open(host: Host, request: m.Open, job: Job) -> Any:
-    host.registry().open(request.spec, job.cancelled, host.progress(job))
+    host.registry().open(request.spec, job.cancelled, job.progress)
     return host.registry().describe()
 
 
@@ -285,7 +204,7 @@ def _cross_check(host: Host, request: m.CrossCheck, job: Job) -> Any:
 def _build_openvino(host: Host, request: m.BuildOpenVino, job: Job) -> Any:
     from engine.runtime.openvino import build
 
-    return build.build_from_gguf(Path(request.source), host.progress(job),
+    return build.build_from_gguf(Path(request.source), job.progress,
                                  job.cancelled).to_dict()
 
 

@@ -4,9 +4,9 @@ variant's adapters into a standalone GGUF and measures what survived.
 Why a process of its own: llama.cpp calls `abort()` on some bad inputs, so no native
 merge work may run in a front end's process (the window, a CLI command), and a merge
 holds the engine thread for a while, so it does not run inside the shared engine
-process either. The worker speaks the engine's wire format (JSON lines; `progress`,
-then exactly one of `finished`, `failed` or `cancelled` per request) over the
-`runtime.worker` primitive, and its requests are typed here:
+process either. It is a worker of the one worker service (`runtime.service`: ids,
+`progress`, cancel, exactly one of `finished`, `failed` or `cancelled` per request, a
+crash failing the request), and its requests are typed here:
 
 - `MergeRequest` ("merge"): re-verify the base and adapter files by digest, write the
   merge (`formats.merge.write_merged`), quantize it with llama.cpp's own quantizer
@@ -28,12 +28,7 @@ between tensors or items, and kills the quantizer child at once.
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
-import queue
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -44,11 +39,12 @@ import numpy as np
 
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
-from engine.errors import Cancelled, EngineError, RefusedError, StudioError
+from engine.errors import Cancelled, RefusedError, StudioError
 from engine.formats import merge
-from engine.runtime import prompting, protocol
-from engine.runtime.messages import Prompt
-from engine.runtime.worker import ChildChannel, ChildProcess, describe_exit
+from engine.runtime import prompting, service
+from engine.runtime.messages import Progress, Prompt
+from engine.runtime.service import Job
+from engine.runtime.worker import ChildChannel
 
 if TYPE_CHECKING:
     from engine.runtime.sessions import SessionRegistry
@@ -384,74 +380,35 @@ def _tokens(registry: SessionRegistry, sides: dict[str, SessionSpec], item: Eval
 
 
 def main() -> None:
-    """Read requests from stdin (the main thread, so cancels arrive during work) and
-    run them one at a time on a worker thread."""
-    channel = ChildChannel()
-    jobs: queue.Queue[tuple[str, str, Any, threading.Event] | None] = queue.Queue()
-    cancels: dict[str, threading.Event] = {}
+    """Serve merge and check requests, one at a time (`runtime.service.serve`)."""
     threads = _threads()
 
-    def work() -> None:
-        while (job := jobs.get()) is not None:
-            ident, op, params, cancel = job
-            last = {"stage": "", "at": -1.0}
+    def handle(job: Job) -> dict[str, Any]:
+        last = {"stage": "", "at": -1.0}
 
-            def progress(stage: str, fraction: float, ident: str = ident,
-                         last: dict[str, Any] = last) -> None:
-                # At most one event per percent and stage: the pipe stays quiet.
-                if stage != last["stage"] or fraction - last["at"] >= 0.01 or fraction >= 1:
-                    last.update(stage=stage, at=fraction)
-                    channel.send({"id": ident, "event": "progress", "stage": stage,
-                                  "fraction": round(float(fraction), 4)})
+        def progress(stage: str, fraction: float) -> None:
+            # At most one event per percent and stage: the pipe stays quiet.
+            if stage != last["stage"] or fraction - last["at"] >= 0.01 or fraction >= 1:
+                last.update(stage=stage, at=fraction)
+                job.progress(stage, round(float(fraction), 4))
 
-            try:
-                if cancel.is_set():
-                    raise Cancelled("cancelled before it started")
-                if op == MergeRequest.OP:
-                    result = run_merge(MergeRequest.from_params(params), progress,
-                                       cancel.is_set, threads)
-                elif op == CheckRequest.OP:
-                    result = run_check(CheckRequest.from_params(params), progress,
-                                       cancel.is_set, threads)
-                else:
-                    raise RefusedError(f"unknown merge worker request {op!r}")
-            except Exception as exc:
-                if isinstance(exc, Cancelled) or cancel.is_set():
-                    channel.send({"id": ident, "event": "cancelled"})
-                else:
-                    if isinstance(exc, KeyError | TypeError | ValueError) and not isinstance(
-                            exc, StudioError):
-                        exc = RefusedError(f"malformed {op} request: {type(exc).__name__}: "
-                                           f"{exc}")
-                    channel.send({"id": ident, "event": "failed",
-                                  "error": protocol.error_payload(exc)})
-            else:
-                channel.send({"id": ident, "event": "finished", "result": result})
-            cancels.pop(ident, None)
-
-    worker = threading.Thread(target=work, name="merge", daemon=True)
-    worker.start()
-    channel.send({"event": "ready", "pid": os.getpid()})
-    for line in sys.stdin.buffer:
         try:
-            message = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if not isinstance(message, dict):
-            continue
-        if message.get("op") == "cancel":
-            event = cancels.get(str(message.get("target")))
-            if event is not None:
-                event.set()
-            continue
-        ident = str(message.get("id"))
-        cancels[ident] = threading.Event()
-        jobs.put((ident, str(message.get("op")), message.get("params") or {},
-                  cancels[ident]))
-    for event in list(cancels.values()):
-        event.set()  # stdin closed: stop after the current step
-    jobs.put(None)
-    worker.join(timeout=30)
+            if job.op == MergeRequest.OP:
+                request: MergeRequest | CheckRequest = MergeRequest.from_params(job.params)
+            elif job.op == CheckRequest.OP:
+                request = CheckRequest.from_params(job.params)
+            else:
+                raise RefusedError(f"unknown merge worker request {job.op!r}")
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, StudioError):
+                raise
+            raise RefusedError(f"malformed {job.op} request: {type(exc).__name__}: "
+                               f"{exc}") from exc
+        if isinstance(request, MergeRequest):
+            return run_merge(request, progress, job.cancelled, threads)
+        return run_check(request, progress, job.cancelled, threads)
+
+    service.serve(ChildChannel(), handle, "merge")
 
 
 def _threads() -> int:
@@ -472,71 +429,32 @@ class MergeWorker:
         env = dict(os.environ)
         if threads:
             env["VARIANT_STUDIO_THREADS"] = str(threads)
-        self._ids = itertools.count(1)
-        self._queues: dict[str, queue.Queue[dict[str, Any]]] = {}
-        self._lock = threading.Lock()
-        self._exit: int | None = None
-        self.child = ChildProcess(MODULE, env, self._on_message, self._on_exit,
-                                  name="merge")
-
-    def _on_message(self, message: dict[str, Any]) -> None:
-        with self._lock:
-            target = self._queues.get(str(message.get("id")))
-        if target is not None:
-            target.put(message)
-
-    def _on_exit(self, code: int) -> None:
-        with self._lock:
-            self._exit = code
-            pending = list(self._queues.values())
-        for target in pending:
-            target.put({"event": "exit", "code": code})
+        self.client = service.ServiceClient(MODULE, what="the merge worker",
+                                            stopped="merge worker", env=env)
 
     def call(self, request: MergeRequest | CheckRequest,
              progress: ProgressFn | None = None, cancelled: CancelCheck | None = None
              ) -> dict[str, Any]:
         """Run `request`; progress and cancel as the module docstring says. A cancel
         that the worker does not honour within 30 s kills it."""
-        ident = str(next(self._ids))
-        events: queue.Queue[dict[str, Any]] = queue.Queue()
-        with self._lock:
-            if self._exit is not None:
-                raise EngineError(describe_exit(self._exit, "the merge worker"))
-            self._queues[ident] = events
-        try:
-            self.child.write({"id": ident, "op": request.OP, "params": request.to_params()})
-            cancel_sent: float | None = None
-            while True:
-                if cancelled and cancelled() and cancel_sent is None:
-                    self.child.write({"op": "cancel", "target": ident})
-                    cancel_sent = time.monotonic()
-                if cancel_sent is not None and time.monotonic() - cancel_sent > 30:
-                    self.child.kill()
-                    raise Cancelled("the merge was cancelled (the worker was stopped)")
-                try:
-                    event = events.get(timeout=0.1)
-                except queue.Empty:
-                    continue
-                kind = event.get("event")
-                if kind == "progress" and progress:
-                    progress(str(event.get("stage", "")), float(event.get("fraction", 0.0)))
-                elif kind == "finished":
-                    return event.get("result") or {}
-                elif kind == "failed":
-                    raise protocol.error_from_payload(event.get("error") or {})
-                elif kind == "cancelled":
-                    raise Cancelled("the merge was cancelled")
-                elif kind == "exit":
-                    tail = [line for line in self.child.tail(12) if line.strip()]
-                    raise EngineError(f"{describe_exit(int(event['code']), 'the merge worker')}"
-                                      + (f": {tail[-1].strip()[:300]}" if tail else ""),
-                                      details=tuple(tail))
-        finally:
-            with self._lock:
-                self._queues.pop(ident, None)
+
+        def on_event(event: object) -> None:
+            if progress and isinstance(event, Progress):
+                progress(event.stage, event.fraction)
+
+        handle = self.client.submit_raw(request.OP, request.to_params(), on_event)
+        # The caller's cancel is a question (`cancelled()`), asked while we wait.
+        while not handle.done.wait(0.2):
+            if cancelled and cancelled() and not handle.cancel_requested:
+                self.client.cancel(handle)
+                if not handle.done.wait(30):
+                    self.client.kill()
+                    handle.done.wait()
+        result = handle.wait()
+        return result or {}
 
     def close(self) -> None:
-        self.child.finish(timeout=30)
+        self.client.close(timeout=30)
 
     def __enter__(self) -> MergeWorker:
         return self

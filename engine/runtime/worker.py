@@ -1,5 +1,5 @@
-"""Child processes that speak JSON lines: the one primitive behind the engine host and
-the training worker.
+"""Child processes that speak JSON lines: the primitive under the worker service
+(`engine.runtime.service`) and llama.cpp's quantizer child.
 
 Parent side, `ChildProcess`: spawns `python -m MODULE` in its own session (a Ctrl-C in
 the terminal reaches the parent, which cancels cleanly), writes messages to its stdin,
@@ -80,12 +80,19 @@ class ChildProcess:
             return False
         return True
 
+    def close_input(self) -> None:
+        """Close the child's stdin: it stops reading and ends."""
+        assert self.proc.stdin is not None
+        with self._write_lock:
+            try:
+                self.proc.stdin.close()
+            except OSError:  # a broken pipe: the child is gone already
+                pass
+
     def finish(self, timeout: float) -> None:
         """Close the child's stdin (it stops reading and ends), wait, kill if it hangs."""
         try:
-            assert self.proc.stdin is not None
-            with self._write_lock:
-                self.proc.stdin.close()
+            self.close_input()
             self.proc.wait(timeout)
         except (OSError, subprocess.TimeoutExpired):
             self.kill()
