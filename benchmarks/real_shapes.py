@@ -31,9 +31,12 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the fixtures' GGUF builder and family layouts live in tests/
+from tests import gguf_bytes as gb  # noqa: E402
+
 CACHE = ROOT / ".tmp" / "bench"
 FTYPES = {"Q4_K_M": 15, "Q4_1": 3, "Q8_0": 7, "Q6_K": 18, "F16": 1}
-GGUF_STRING, GGUF_ARRAY, GGUF_INT32, GGUF_UINT32 = 8, 9, 5, 4
+GGUF_ARRAY, GGUF_INT32, GGUF_UINT32 = 9, 5, 4
 CONTROL = 3  # llama_token_type LLAMA_TOKEN_TYPE_CONTROL
 
 
@@ -86,15 +89,6 @@ SHAPES = {
 }
 
 
-def _pack_string(text: str | bytes) -> bytes:
-    raw = text.encode() if isinstance(text, str) else text
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def _align(n: int, alignment: int = 32) -> int:
-    return n + (-n) % alignment
-
-
 def _tokenizer_kv(n_vocab: int) -> dict[str, bytes]:
     """The embedded model's `tokenizer.*` entries as raw GGUF values, its token list and
     token types padded with control tokens up to `n_vocab`."""
@@ -112,8 +106,7 @@ def _tokenizer_kv(n_vocab: int) -> dict[str, bytes]:
         raise ValueError(f"a vocabulary of {n_vocab} is smaller than the tokenizer's")
     tokens += [f"<|reserved_{i}|>" for i in range(extra)]
     types += [CONTROL] * extra
-    raw["tokenizer.ggml.tokens"] = (struct.pack("<IIQ", GGUF_ARRAY, GGUF_STRING, len(tokens))
-                                    + b"".join(_pack_string(t) for t in tokens))
+    raw["tokenizer.ggml.tokens"] = gb.string_array(tokens)
     raw["tokenizer.ggml.token_type"] = (struct.pack("<IIQ", GGUF_ARRAY, GGUF_INT32, len(types))
                                         + struct.pack(f"<{len(types)}i", *types))
     return raw
@@ -128,12 +121,11 @@ def _metadata(shape: Shape) -> dict[str, bytes]:
                    n_head_kv=shape.n_head_kv, head_dim=shape.head_dim, n_ff=shape.n_ff,
                    n_vocab=shape.n_vocab, rope_base=shape.rope_base, context_length=8192,
                    tied=shape.tied)
-    kv = {"general.architecture": struct.pack("<I", GGUF_STRING) + _pack_string("llama")}
+    kv = {"general.architecture": gb.value(gb.STRING, "llama")}
     for key, (kind, value) in families.metadata(spec).items():
         if key == "general.file_type":
             value = 1  # LLAMA_FTYPE_MOSTLY_F16
-        kv[key] = (struct.pack("<I", kind) + _pack_string(value) if kind == GGUF_STRING
-                   else struct.pack("<I" + families._SCALAR_FORMATS[kind], kind, value))
+        kv[key] = gb.value(kind, value)
     kv.update(_tokenizer_kv(shape.n_vocab))
     return kv
 
@@ -146,13 +138,11 @@ def write_f16(path: Path, shape: Shape, seed: int = 0) -> Path:
     for name, dims in shape.tensors():
         ggml_type = 0 if len(dims) == 1 else 1  # norms F32, matrices F16
         ne = tuple(reversed(dims))
-        table.append(_pack_string(name) + struct.pack(f"<I{len(ne)}QIQ", len(ne), *ne,
-                                                      ggml_type, offset))
+        table.append(gb.tensor_info(name, ne, ggml_type, offset))
         offsets.append(offset)
-        offset = _align(offset + int(np.prod(dims)) * (4 if ggml_type == 0 else 2))
-    head = (b"GGUF" + struct.pack("<IQQ", 3, len(table), len(kv))
-            + b"".join(_pack_string(k) + v for k, v in kv.items()) + b"".join(table))
-    start = _align(len(head))
+        offset = gb.align(offset + int(np.prod(dims)) * (4 if ggml_type == 0 else 2))
+    head = gb.head(kv, table)
+    start = gb.align(len(head))
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as out:
         out.write(head + bytes(start - len(head)))

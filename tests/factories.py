@@ -52,49 +52,6 @@ def write_peft_lora(folder: Path, base: BaseModelInfo, **kwargs) -> Path:
     return folder
 
 
-# --------------------------------------------------------------------------- raw GGUF
-
-
-def gguf_string(text: str | bytes) -> bytes:
-    raw = text.encode() if isinstance(text, str) else text
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def gguf_kv_string(key: str, value: str) -> bytes:
-    return gguf_string(key) + struct.pack("<I", 8) + gguf_string(value)
-
-
-def gguf_kv_u32(key: str, value: int) -> bytes:
-    return gguf_string(key) + struct.pack("<I", 4) + struct.pack("<I", value)
-
-
-def gguf_kv_f32(key: str, value: float) -> bytes:
-    return gguf_string(key) + struct.pack("<I", 6) + struct.pack("<f", value)
-
-
-def gguf_tensor_info(name: str, dims: tuple[int, ...], type_id: int, offset: int) -> bytes:
-    out = gguf_string(name) + struct.pack("<I", len(dims))
-    out += b"".join(struct.pack("<Q", d) for d in dims)
-    return out + struct.pack("<I", type_id) + struct.pack("<Q", offset)
-
-
-def raw_gguf(
-    kvs: list[bytes],
-    tensors: list[bytes] = (),
-    data: bytes = b"",
-    version: int = 3,
-    n_tensors: int | None = None,
-    n_kv: int | None = None,
-    alignment: int = 32,
-) -> bytes:
-    head = b"GGUF" + struct.pack("<I", version)
-    head += struct.pack("<Q", len(tensors) if n_tensors is None else n_tensors)
-    head += struct.pack("<Q", len(kvs) if n_kv is None else n_kv)
-    body = head + b"".join(kvs) + b"".join(tensors)
-    pad = (-len(body)) % alignment
-    return body + b"\0" * pad + data
-
-
 def raw_safetensors(header: dict | str | bytes, data: bytes = b"", length: int | None = None
                     ) -> bytes:
     if isinstance(header, dict):

@@ -59,6 +59,8 @@ from typing import Any
 
 import numpy as np
 
+from tests import gguf_bytes as gb
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE_ROOT = REPO / ".tmp" / "families"
 
@@ -337,11 +339,6 @@ def gguf_weights(spec: Spec) -> dict[str, np.ndarray]:
 # ------------------------------------------------------------------ GGUF header, splice
 
 # Sizes of GGUF's scalar value types (GGUFValueType: 8 is a string, 9 an array).
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_SCALAR_FORMATS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
-                   11: "q", 12: "d"}
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     """One entry of a GGUF's tensor table."""
@@ -392,32 +389,12 @@ def read_header(path: Path) -> Header:
             pos += 8 + length
             return bytes(data[pos - length:pos]).decode("utf-8", "replace")
 
-        def skip(kind: int) -> None:
-            nonlocal pos
-            if kind == 8:
-                string()
-            elif kind == 9:
-                sub, count = struct.unpack_from("<IQ", data, pos)
-                pos += 12
-                if sub in _SCALAR_SIZES:
-                    pos += count * _SCALAR_SIZES[sub]
-                elif sub == 8:  # the tokenizer's 100k strings: lengths only, no decoding
-                    unpack = struct.Struct("<Q").unpack_from
-                    for _ in range(count):
-                        pos += 8 + unpack(data, pos)[0]
-                else:
-                    for _ in range(count):
-                        skip(sub)
-            else:
-                pos += _SCALAR_SIZES[kind]
-
         raw_kv = {}
         for _ in range(n_kv):
             key = string()
             start = pos
             (kind,) = struct.unpack_from("<I", data, pos)
-            pos += 4
-            skip(kind)
+            pos = gb.skip_value(data, pos + 4, kind)
             raw_kv[key] = bytes(data[start:pos])
         tensors = {}
         for _ in range(n_tensors):
@@ -430,23 +407,7 @@ def read_header(path: Path) -> Header:
     alignment = 32
     if "general.alignment" in raw_kv:
         (alignment,) = struct.unpack_from("<I", raw_kv["general.alignment"], 4)
-    return Header(version, raw_kv, tensors, alignment, _align(pos, alignment))
-
-
-def _align(n: int, alignment: int) -> int:
-    """`n` rounded up to a multiple of `alignment` (GGUF's data and tensor offsets)."""
-    return n + (-n) % alignment
-
-
-def _pack_string(text: str) -> bytes:
-    raw = text.encode()
-    return struct.pack("<Q", len(raw)) + raw
-
-
-def _pack_value(kind: int, value: Any) -> bytes:
-    if kind == 8:
-        return struct.pack("<I", 8) + _pack_string(value)
-    return struct.pack(f"<I{_SCALAR_FORMATS[kind]}", kind, value)
+    return Header(version, raw_kv, tensors, alignment, gb.align(pos, alignment))
 
 
 def read_tensor(path: Path, name: str) -> np.ndarray:
@@ -484,16 +445,14 @@ def _write(target: Path, raw_kv: Mapping[str, bytes],
             dims, type_id = item.dims, item.type_id
         else:
             dims, type_id = tuple(reversed(item.shape)), types[item.dtype]
-        table.append(_pack_string(name) + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims,
-                                                      type_id, offset))
+        table.append(gb.tensor_info(name, dims, type_id, offset))
         infos.append(TensorInfo(dims, type_id, offset))
-        offset = _align(offset + infos[-1].nbytes, alignment)
-    head = (b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(raw_kv))
-            + b"".join(_pack_string(k) + v for k, v in raw_kv.items()) + b"".join(table))
+        offset = gb.align(offset + infos[-1].nbytes, alignment)
+    head = gb.head(raw_kv, table)
     with open(target, "wb") as out, \
             open(source_path or os.devnull, "rb") as src:
-        out.write(head + bytes(_align(len(head), alignment) - len(head)))
-        data_start = _align(len(head), alignment)
+        out.write(head + bytes(gb.align(len(head), alignment) - len(head)))
+        data_start = gb.align(len(head), alignment)
         for (_name, item), info in zip(tensors, infos, strict=True):
             out.seek(data_start + info.offset)
             if isinstance(item, TensorInfo):
@@ -518,7 +477,7 @@ def splice(source: Path, target: Path,
         if entry is None:
             kv.pop(key, None)
         else:
-            kv[key] = _pack_value(*entry)
+            kv[key] = gb.value(*entry)
     changes = dict(tensors or {})
     plan: list[tuple[str, TensorInfo | np.ndarray]] = [
         (name, info) for name, info in header.tensors.items() if name not in changes]
@@ -591,8 +550,8 @@ def metadata(spec: Spec) -> dict[str, tuple[int, Any]]:
 def write_base(path: Path, spec: Spec) -> Path:
     """The F32 GGUF of `spec`: general.architecture, its metadata, the embedded model's
     tokenizer entries, its weights (llama's q/k rows permuted)."""
-    kv = {"general.architecture": _pack_value(8, spec.arch)}
-    kv.update({key: _pack_value(*entry) for key, entry in metadata(spec).items()})
+    kv = {"general.architecture": gb.value(8, spec.arch)}
+    kv.update({key: gb.value(*entry) for key, entry in metadata(spec).items()})
     kv.update(tokenizer_kv())
     return _write(path, kv, list(gguf_weights(spec).items()))
 

@@ -42,6 +42,7 @@ from engine.errors import InspectionError
 from engine.formats.artifacts import BaseModelInfo
 from engine.runtime.client import EngineClient
 from tests import factories as f
+from tests.gguf_bytes import T, assemble, f32, kv, kv_f32, kv_str, kv_u32, skip_value, string
 
 BASE = DEFAULT_MODEL_NAME
 OV_BASE = "ov-base"
@@ -71,53 +72,6 @@ class Workshop:
         path = self.tmp / name
         path.mkdir()
         return path
-
-
-def kv(key: str | bytes, type_id: int, payload: bytes) -> bytes:
-    return f.gguf_string(key) + struct.pack("<I", type_id) + payload
-
-
-def kv_str(key: str, value: str | bytes) -> bytes:
-    return kv(key, 8, f.gguf_string(value))
-
-
-def kv_u32(key: str, value: int) -> bytes:
-    return kv(key, 4, struct.pack("<I", value))
-
-
-def kv_f32(key: str, value: float) -> bytes:
-    return kv(key, 6, struct.pack("<f", value))
-
-
-@dataclass(frozen=True)
-class T:
-    """A tensor record: offset None = next aligned slot, data None = zeros of its size."""
-
-    name: str | bytes
-    dims: tuple[int, ...]
-    type_id: int = 0  # F32
-    data: bytes | None = None
-    offset: int | None = None
-
-
-def f32(count: int, value: float = 0.01) -> bytes:
-    return np.full(count, value, dtype=np.float32).tobytes()
-
-
-def assemble(kvs: list[bytes], tensors: list[T], *, version: int = 3, magic: bytes = b"GGUF",
-             n_tensors: int | None = None, n_kv: int | None = None) -> bytes:
-    infos, blob = [], b""
-    for t in tensors:
-        data = t.data if t.data is not None else f32(math.prod(t.dims))
-        offset = len(blob) if t.offset is None else t.offset
-        if t.offset is None:
-            blob += data + b"\0" * (-len(data) % 32)
-        name = t.name.encode() if isinstance(t.name, str) else t.name
-        info = f.gguf_string(name) + struct.pack("<I", len(t.dims))
-        info += b"".join(struct.pack("<Q", d) for d in t.dims)
-        infos.append(info + struct.pack("<IQ", t.type_id, offset))
-    raw = f.raw_gguf(kvs, infos, blob, version=version, n_tensors=n_tensors, n_kv=n_kv)
-    return magic + raw[4:]
 
 
 def lora_kvs(arch: str | None = "llama", alpha: float | None = 16.0,
@@ -155,23 +109,6 @@ def tiny_base(extra: tuple[bytes, ...] = (), drop: tuple[str, ...] = (),
 
 # GGUF rewriting: copy a real model, changing only metadata (tensor data copied verbatim).
 
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-
-
-def _skip_value(buf: bytes, pos: int, type_id: int) -> int:
-    if type_id in _SCALAR_SIZES:
-        return pos + _SCALAR_SIZES[type_id]
-    if type_id == 8:
-        return pos + 8 + struct.unpack_from("<Q", buf, pos)[0]
-    item, count = struct.unpack_from("<IQ", buf, pos)
-    pos += 12
-    if item in _SCALAR_SIZES:
-        return pos + count * _SCALAR_SIZES[item]
-    for _ in range(count):
-        pos += 8 + struct.unpack_from("<Q", buf, pos)[0]
-    return pos
-
-
 def rewrite_gguf(src: Path, dst: Path, replace: dict[str, bytes]) -> Path:
     """Copy `src` with some metadata entries replaced (or appended): key -> kv bytes."""
     with src.open("rb") as handle:
@@ -182,7 +119,7 @@ def rewrite_gguf(src: Path, dst: Path, replace: dict[str, bytes]) -> Path:
         start = pos
         length = struct.unpack_from("<Q", buf, pos)[0]
         key = buf[pos + 8:pos + 8 + length].decode()
-        pos = _skip_value(buf, pos + 8 + length + 4,
+        pos = skip_value(buf, pos + 8 + length + 4,
                           struct.unpack_from("<I", buf, pos + 8 + length)[0])
         kvs.append((key, buf[start:pos]))
     infos_start = pos
@@ -519,7 +456,7 @@ CASES: tuple[Case, ...] = (
        lambda w: w.put("emptyname", assemble(lora_kvs(), [T("", (576, 8))])),
        refused("has an empty name")),
     _c("key-not-utf8", "a key with invalid UTF-8", "adapter",
-       lambda w: w.put("utf8", gguf_one_kv(kv(b"general.\xff\xfe", 8, f.gguf_string("x")))),
+       lambda w: w.put("utf8", gguf_one_kv(kv(b"general.\xff\xfe", 8, string("x")))),
        refused("is not valid UTF-8")),
     _c("unknown-value-type", "a value type id of 99", "adapter",
        lambda w: w.put("vt99", gguf_one_kv(kv("x.odd", 99, b"\0" * 8))),

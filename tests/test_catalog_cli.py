@@ -19,6 +19,7 @@ from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.formats import lora_io
 from engine.formats.artifacts import BaseModelInfo
 from tests import factories as f
+from tests import gguf_bytes as gb
 
 BASE = DEFAULT_MODEL_NAME
 
@@ -117,9 +118,9 @@ def _hostile_adapters(tmp: Path, base: BaseModelInfo, embedded: Path) -> dict[st
     put("random bytes", np.random.default_rng(1).bytes(4096))
     good = f.write_gguf_lora(tmp / "good.gguf", base).read_bytes()
     put("truncated gguf", good[: len(good) // 2])
-    put("header-only gguf", f.raw_gguf([f.gguf_kv_string("general.architecture", "llama"),
-                                        f.gguf_kv_string("general.type", "adapter")]))
-    put("absurd tensor count", f.raw_gguf([], n_tensors=2**60))
+    put("header-only gguf", gb.raw([gb.kv_str("general.architecture", "llama"),
+                                      gb.kv_str("general.type", "adapter")]))
+    put("absurd tensor count", gb.raw([], n_tensors=2**60))
     cases["a directory"] = tmp / "folder"
     cases["a directory"].mkdir()
     loop = tmp / "loop.gguf"
@@ -168,12 +169,12 @@ def _without_tensor(tmp: Path, base: BaseModelInfo, drop: str) -> Path:
 
 def _gguf_adapter_with_tensor(name: str) -> bytes:
     data = np.zeros(576 * 576, dtype=np.float32).tobytes()
-    return f.raw_gguf(
-        [f.gguf_kv_string("general.architecture", "llama"),
-         f.gguf_kv_string("general.type", "adapter"),
-         f.gguf_kv_string("adapter.type", "lora"),
-         f.gguf_kv_f32("adapter.lora.alpha", 16.0)],
-        [f.gguf_tensor_info(name, (576, 576), 0, 0)], data)
+    return gb.raw(
+        [gb.kv_str("general.architecture", "llama"),
+         gb.kv_str("general.type", "adapter"),
+         gb.kv_str("adapter.type", "lora"),
+         gb.kv_f32("adapter.lora.alpha", 16.0)],
+        [gb.tensor_info(name, (576, 576), 0, 0)], data)
 
 
 EXPECTED_REASONS = {

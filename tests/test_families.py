@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from tests import families as F
+from tests import gguf_bytes as gb
 
 # Mean |delta log p| over the reference's 20 likeliest next tokens that a changed RoPE,
 # mode or window must exceed. Measured (F32, the 30-token PROMPT): 0.57 (gemma3 without
@@ -180,8 +181,8 @@ def test_layout_is_the_familys(variant: str, family_files: dict[str, F.FamilyFil
     assert ("blk.1.post_ffw_norm.weight" in dims) == spec.gemma_norms
     assert ("rope_freqs.weight" in dims) == spec.rope_freqs
     raw = header.raw_kv
-    assert raw["general.architecture"] == F._pack_value(STRING, spec.arch)
-    assert raw[f"{spec.arch}.attention.key_length"] == F._pack_value(4, spec.head_dim)
+    assert raw["general.architecture"] == gb.value(STRING, spec.arch)
+    assert raw[f"{spec.arch}.attention.key_length"] == gb.value(4, spec.head_dim)
     name = raw["general.name"][12:].decode().lower()
     assert "phi3" not in name and "phi-3" not in name  # llama.cpp's vocab loader aborts
     tokenizer = {k: v for k, v in raw.items() if k.startswith("tokenizer.")}

@@ -10,14 +10,11 @@ import pytest
 
 from engine.formats import gguf_file
 from engine.formats.artifacts import InspectionError
-from tests.factories import gguf_kv_u32, gguf_string, raw_gguf
-
-T_STRING, T_ARRAY = 8, 9
+from tests import gguf_bytes as gb
 
 
 def string_array(key: str, items: list[bytes]) -> bytes:
-    return (gguf_string(key) + struct.pack("<I", T_ARRAY) + struct.pack("<I", T_STRING)
-            + struct.pack("<Q", len(items)) + b"".join(gguf_string(i) for i in items))
+    return gb.string(key) + gb.string_array(items)
 
 
 def vocabulary(count: int) -> list[bytes]:
@@ -44,9 +41,9 @@ def parse_both(tmp_path: Path, data: bytes, monkeypatch: pytest.MonkeyPatch):
 
 def test_a_vocabulary_reads_as_one_string_at_a_time_does(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = raw_gguf([string_array("tokenizer.ggml.tokens", vocabulary(5000)),
+    data = gb.raw([string_array("tokenizer.ggml.tokens", vocabulary(5000)),
                      string_array("short", [b"a", "é".encode(), b""]),
-                     gguf_kv_u32("after", 7)])
+                     gb.kv_u32("after", 7)])
     walked, single = parse_both(tmp_path, data, monkeypatch)
     assert walked == single
     assert walked["after"] == "7"  # the position after the arrays is right
@@ -62,8 +59,8 @@ def test_a_vocabulary_reads_as_one_string_at_a_time_does(
 def test_a_damaged_vocabulary_is_refused_as_one_string_at_a_time_is(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str, message: str) -> None:
     items = vocabulary(5000)
-    data = raw_gguf([string_array("tokenizer.ggml.tokens", items), gguf_kv_u32("after", 7)])
-    at = len(raw_gguf([string_array("tokenizer.ggml.tokens", items[:3001])], alignment=1))
+    data = gb.raw([string_array("tokenizer.ggml.tokens", items), gb.kv_u32("after", 7)])
+    at = len(gb.raw([string_array("tokenizer.ggml.tokens", items[:3001])], alignment=1))
     if damage == "utf8":
         data = data[:at + 8] + b"\xff" + data[at + 9:]
     elif damage == "truncated":
