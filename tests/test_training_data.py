@@ -348,8 +348,15 @@ def test_token_lines_are_truncated_like_the_others(tmp_path: Path,
     late = write_lines(tmp_path / "late.jsonl", [
         {"tokens": ids, "mask": [0] * 30 + [1] * 10}])
     with pytest.raises(data_mod.DataError, match="line 1: nothing left to train after "
-                                                 "truncating to seq-len 16"):
+                                                 "truncating to seq-len 16 "
+                                                 r"\(this line needs 31 or more\)") as info:
         data_mod.load(late, tokenizer, 16, False, False, steps=1, batch=1)
+    # The whole message names the seq-len that trains every line; it does.
+    assert info.value.message.endswith("(--seq-len 31 or more leaves every line a token "
+                                       "to train)")
+    assert data_mod.load(late, tokenizer, 31, False, False, steps=1, batch=1).examples
+    with pytest.raises(data_mod.DataError, match="--seq-len 31 or more"):
+        data_mod.load(late, tokenizer, 30, False, False, steps=1, batch=1)
 
 
 def test_score_sets_refuse_token_lines(tmp_path: Path) -> None:

@@ -52,6 +52,15 @@ class DataError(RefusedError):
     """The data file has malformed lines; the message lists them with line numbers."""
 
 
+class TruncatedAway(DataError):
+    """A line whose trained tokens all lie beyond seq-len; `needed` is the shortest
+    seq-len that keeps one of them."""
+
+    def __init__(self, message: str, needed: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+
+
 @dataclass(frozen=True)
 class Record:
     """One checked line, before tokenization."""
@@ -323,18 +332,23 @@ def encode(records: list[Record], tokenizer: Any, seq_len: int, train_eot: bool
     """Tokenize checked records; problems are reported with their line numbers."""
     examples: list[Example] = []
     problems: list[str] = []
+    needed = 0  # the shortest seq-len that leaves every line something to train
     for record in records:
         try:
             examples.append(_encode(record, tokenizer, seq_len, train_eot))
         except DataError as exc:
             problems.append(exc.message)
+            if isinstance(exc, TruncatedAway):
+                needed = max(needed, exc.needed)
         except TemplateError as exc:
             problems.append(f"line {record.line}: {exc.message}")
     if problems:
         more = len(problems) - MAX_REPORTED
         raise DataError(f"{len(problems)} example{'s' if len(problems) != 1 else ''} cannot "
                         "be trained: " + "; ".join(problems[:MAX_REPORTED])
-                        + (f"; and {more} more" if more > 0 else ""), details=tuple(problems))
+                        + (f"; and {more} more" if more > 0 else "")
+                        + (f" (--seq-len {needed} or more leaves every line a token to train)"
+                           if needed else ""), details=tuple(problems))
     return examples
 
 
@@ -378,13 +392,17 @@ def _encode(record: Record, tok: Any, seq_len: int, train_eot: bool) -> Example:
             targets += [trained] * len(ids)
         if targets and targets[0]:
             targets[0] = False  # the first token has nothing before it to predict it
+        if not any(targets):
+            raise fail("no tokens to train on")
         if len(tokens) > seq_len:
             truncated = True
+            # Target i is predicted from tokens[:i + 1]: it survives a seq-len over i.
+            needed = targets.index(True) + 1
             tokens, targets = tokens[:seq_len], targets[:seq_len]
-        if not any(targets):
-            if truncated:
-                raise fail(f"nothing left to train after truncating to seq-len {seq_len}")
-            raise fail("no tokens to train on")
+            if not any(targets):
+                raise TruncatedAway(f"line {record.line}: nothing left to train after "
+                                    f"truncating to seq-len {seq_len} (this line needs "
+                                    f"{needed} or more)", needed)
         sequences.append(Sequence(tuple(tokens), tuple(targets)))
     return Example(record.line, record.weight, tuple(sequences), truncated)
 
