@@ -58,6 +58,7 @@ from gui.controllers.training import TrainingController
 from gui.widgets.loss_chart import LossChart
 from gui.widgets.rounds_chart import RoundsChart, round_line
 from gui.widgets.served_check import ServedCheckPanel
+from gui.widgets.suggested_line import SuggestedLineEdit
 
 SUPERVISED, REINFORCE = "supervised", "reinforce"
 # The reward kinds the loop knows (engine.training.rewards.REWARD_KINDS), as offered.
@@ -128,7 +129,7 @@ class TrainPage(QWidget):
         self.samples.setToolTip("completions per prompt and round: GRPO's group")
         self.name = QLineEdit()
         self.name.setPlaceholderText("name of the new adapter")
-        self.variant = QLineEdit()
+        self.variant = SuggestedLineEdit()
         self.variant.setPlaceholderText("name of the new variant (empty: adapter only)")
         self.name.textEdited.connect(self._suggest_variant)
         self.steps = _spin(1, 100_000, defaults.steps)
@@ -437,6 +438,9 @@ class TrainPage(QWidget):
                     raise StudioError("choose a training data file")
                 prepared = self.controller.start(self.request())
         except StudioError as exc:
+            # A refused start is not the last run: its finished bar would read as this
+            # attempt's progress.
+            self.progress.setValue(0)
             self._status(exc.message, error=True)
             return
         self.last_result = None
@@ -629,8 +633,7 @@ class TrainPage(QWidget):
             field.setText(path)
 
     def _suggest_variant(self, text: str) -> None:
-        if not self.variant.isModified():
-            self.variant.setText(f"{text}-variant" if text else "")
+        self.variant.suggest(f"{text}-variant" if text else "")
 
     def _browse(self) -> None:
         start = str(Path(self.data.text()).parent) if self.data.text() else os.getcwd()

@@ -99,8 +99,10 @@ def test_bad_requests_are_refused_in_the_page(qtbot, page: TrainPage, tmp_path: 
     page.start_button.click()
     assert "does not exist" in page.status.text() and not page.busy()
     fill(page, small_data(tmp_path / "d.jsonl"), BASE, 3)
+    page.progress.setValue(page.progress.maximum())  # as a finished earlier run leaves it
     page.start_button.click()
-    assert "already used" in page.status.text() and not page.busy()
+    assert f"the name '{BASE}' is already used by a model" == page.status.text()
+    assert not page.busy() and page.progress.value() == 0
 
 
 def test_a_run_too_large_is_refused_with_its_estimate(qtbot, page: TrainPage, tmp_path: Path,
@@ -183,3 +185,28 @@ def test_the_kl_setting_goes_with_supervised_runs_only(qtbot, page: TrainPage,
     assert page.kl.isVisibleTo(page) and page.kl_text.isVisibleTo(page)
     page.method.setCurrentIndex(page.method.findData("reinforce"))
     assert not page.kl.isVisibleTo(page) and not page.kl_text.isVisibleTo(page)
+
+
+def test_the_suggested_variant_name_is_replaced_by_what_the_user_types(page: TrainPage,
+                                                                      qtbot) -> None:
+    from PySide6.QtCore import QEvent, Qt
+    from PySide6.QtGui import QFocusEvent
+    from PySide6.QtWidgets import QApplication
+
+    qtbot.keyClicks(page.name, "gui-style")
+    assert page.variant.text() == "gui-style-variant" and page.variant.is_suggestion()
+    # Coming to the field (a click) selects the suggestion, so typing replaces it.
+    QApplication.sendEvent(page.variant, QFocusEvent(QEvent.Type.FocusIn,
+                                                      Qt.FocusReason.MouseFocusReason))
+    qtbot.waitUntil(page.variant.hasSelectedText)
+    qtbot.keyClicks(page.variant, "gui-style-chat")
+    assert page.variant.text() == "gui-style-chat" and not page.variant.is_suggestion()
+    # The user's own name stays when the adapter name changes again.
+    qtbot.keyClicks(page.name, "2")
+    assert page.variant.text() == "gui-style-chat"
+    # Cleared on purpose (adapter only): it stays empty.
+    page.variant.clear()
+    qtbot.keyClicks(page.variant, "x")
+    qtbot.keyClick(page.variant, Qt.Key.Key_Backspace)
+    qtbot.keyClicks(page.name, "3")
+    assert page.variant.text() == ""

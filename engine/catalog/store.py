@@ -277,7 +277,8 @@ class Catalog:
         data = data if data is not None else self.data()
         for kind in KINDS:
             if name in data[kind]:
-                raise UsageError(f"the name {name!r} is already used by a {kind[:-1]}")
+                noun = {"models": "a model", "adapters": "an adapter"}.get(kind, "a variant")
+                raise UsageError(f"the name {name!r} is already used by {noun}")
 
     def check_store_free(self, name: str) -> None:
         """A new model kept in the model store (a download, a merge): its name must be

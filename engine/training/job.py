@@ -81,7 +81,7 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
     """Check a request against the catalog and resolve its configuration."""
     paths.check_name(request.name, "adapter name")
     if request.register:
-        _check_free(catalog, request.name)
+        catalog.check_free(request.name)
         if signature_policy(catalog) == "require":
             # Refused before hours of training: the new adapter would arrive unsigned.
             raise RefusedError("the signature policy is require and a newly trained adapter "
@@ -93,7 +93,7 @@ def prepare(catalog: Catalog, request: TrainRequest) -> Prepared:
             raise UsageError("a variant needs the adapter in the catalog")
         if request.variant == request.name:
             raise UsageError("the variant needs a name of its own")
-        _check_free(catalog, request.variant)
+        catalog.check_free(request.variant)
     base = catalog.model(request.base)
     if base["backend"] != "llama" or base["format"] != "gguf":
         raise RefusedError(f"{request.base} is an {base['backend']} model; training goes "
@@ -168,13 +168,6 @@ def _normal(key: str, value: Any) -> Any:
         text = value if isinstance(value, str) else ",".join(value)
         return naming.parse_targets(text)
     return float(value)
-
-
-def _check_free(catalog: Catalog, name: str) -> None:
-    data = catalog.data()
-    for kind in ("models", "adapters", "variants"):
-        if name in data[kind]:
-            raise UsageError(f"the name {name!r} is already used by a {kind[:-1]}")
 
 
 # ---------------------------------------------------------------------------- the run
