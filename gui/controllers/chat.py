@@ -31,7 +31,7 @@ from engine.runtime.messages import Generate, Prompt
 from engine.runtime.results import GenerationResult
 from engine.state import conversations
 from engine.state.conversations import ChatMessage, Conversation
-from gui.controllers.engine_port import Engine, Running
+from gui.controllers.engine_port import CurrentSink, Engine, Running
 from gui.render import BACKEND_LABELS
 
 # The per-chat sampling the panel offers (the rest stays the profile's).
@@ -99,33 +99,6 @@ def without_messages(record: dict[str, Any] | None) -> dict[str, Any] | None:
     return {**record, "prompt": {**record["prompt"], "messages": []}}
 
 
-class _Sink:
-    """One answer's events, passed on while it is still the controller's answer: a
-    request the user moved away from may still deliver, and is not heard."""
-
-    def __init__(self, owner: ChatController) -> None:
-        self.owner = owner
-
-    def _current(self) -> bool:
-        return self.owner._sink is self
-
-    def tokens(self, _side: str, text: str, _tokens: list) -> None:
-        if self._current():
-            self.owner._on_tokens(text)
-
-    def finished(self, result: Any) -> None:
-        if self._current():
-            self.owner._on_finished(result)
-
-    def failed(self, message: str, _details: list) -> None:
-        if self._current():
-            self.owner._on_failed(message)
-
-    def cancelled(self) -> None:
-        if self._current():
-            self.owner._on_cancelled()
-
-
 class ChatController:
     def __init__(self, engine: Engine, catalog: Catalog, listener: ChatListener,
                  backend: Callable[[], str | None] = lambda: None,
@@ -142,7 +115,7 @@ class ChatController:
         self.conversation: Conversation | None = None
         self.editing: int | None = None  # the user message being edited, if any
         self.reply: Running | None = None  # the answer being generated
-        self._sink: _Sink | None = None  # its events' listener
+        self._sink: CurrentSink | None = None  # its events' listener
         self._parts: list[str] = []  # its text so far, in the pieces it came in
         self._chars = 0
         self._started = 0.0
@@ -461,8 +434,10 @@ class ChatController:
         self._parts, self._chars = [], 0
         self._started = self._clock()
         self.first_token_seconds = None
-        self._sink = _Sink(self)
-        self.reply = self.engine.start(request, self._sink)
+        sink = self._sink = CurrentSink(lambda: self._sink is sink, self._on_tokens,
+                                        self._on_finished, self._on_failed,
+                                        self._on_cancelled)
+        self.reply = self.engine.start(request, sink)
         # Drawn once it runs: no actions on messages while it does.
         self.listener.show_conversation()
         self.listener.stream_started()
@@ -487,7 +462,7 @@ class ChatController:
         self.listener.show_status("stopped")
         self._finish()
 
-    def _on_tokens(self, text: str) -> None:
+    def _on_tokens(self, _side: str, text: str, _tokens: list) -> None:
         self._parts.append(text)
         self._chars += len(text)
         self.listener.stream_grew(text)

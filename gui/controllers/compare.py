@@ -25,7 +25,7 @@ from engine.errors import StudioError
 from engine.runtime import assembly
 from engine.runtime.messages import Compare, Prompt
 from engine.runtime.results import CompareResult, GenerationResult
-from gui.controllers.engine_port import Engine, Running
+from gui.controllers.engine_port import CurrentSink, Engine, Running
 from gui.markdown import fence_for
 from gui.render import BACKEND_LABELS
 
@@ -157,32 +157,6 @@ def comparison_markdown(params: dict[str, Any], result: CompareResult) -> str:
     return "\n".join(lines)
 
 
-class _Sink:
-    """One run's events, passed on while it is still the controller's run."""
-
-    def __init__(self, owner: CompareController) -> None:
-        self.owner = owner
-
-    def _current(self) -> bool:
-        return self.owner._sink is self
-
-    def tokens(self, side: str, text: str, tokens: list) -> None:
-        if self._current():
-            self.owner._on_tokens(side, text, tokens)
-
-    def finished(self, result: Any) -> None:
-        if self._current():
-            self.owner._on_finished(result)
-
-    def failed(self, message: str, _details: list) -> None:
-        if self._current():
-            self.owner._on_failed(message)
-
-    def cancelled(self) -> None:
-        if self._current():
-            self.owner._on_cancelled()
-
-
 class CompareController:
     def __init__(self, engine: Engine, catalog: Catalog, listener: CompareListener,
                  backend: Callable[[], str | None] = lambda: None,
@@ -195,7 +169,7 @@ class CompareController:
         self.variant: str | None = None  # the variant compared with its base
         self.sides = {"base": SideState("Base"), "variant": SideState("Variant")}
         self.reply: Running | None = None  # the run in progress
-        self._sink: _Sink | None = None
+        self._sink: CurrentSink | None = None
         self.result: CompareResult | None = None
         self.params: dict[str, Any] | None = None  # what was asked, for the exports
         # Each side's first token, seconds after the run was asked for: both sides are
@@ -278,8 +252,10 @@ class CompareController:
         self.listener.show_summary("running both sides…")
         self.first_token_seconds = {}
         self._started = self._clock()
-        self._sink = _Sink(self)
-        self.reply = self.engine.start(request, self._sink)
+        sink = self._sink = CurrentSink(lambda: self._sink is sink, self._on_tokens,
+                                        self._on_finished, self._on_failed,
+                                        self._on_cancelled)
+        self.reply = self.engine.start(request, sink)
         self.listener.busy_changed(True)
         return True
 

@@ -9,6 +9,7 @@ events by hand. A sink hears one request: tokens as they come, then exactly one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from engine.runtime.messages import Request
@@ -33,3 +34,32 @@ class Running(Protocol):
 
 class Engine(Protocol):
     def start(self, request: Request, sink: RequestSink) -> Running: ...
+
+
+class CurrentSink:
+    """One request's events, passed on while `current()` says the controller still waits
+    for this request: one the user moved away from may still deliver, and is not heard."""
+
+    def __init__(self, current: Callable[[], bool],
+                 on_tokens: Callable[[str, str, list], None],
+                 on_finished: Callable[[Any], None], on_failed: Callable[[str], None],
+                 on_cancelled: Callable[[], None]) -> None:
+        self.current = current
+        self._on_tokens, self._on_finished = on_tokens, on_finished
+        self._on_failed, self._on_cancelled = on_failed, on_cancelled
+
+    def tokens(self, side: str, text: str, tokens: list) -> None:
+        if self.current():
+            self._on_tokens(side, text, tokens)
+
+    def finished(self, result: Any) -> None:
+        if self.current():
+            self._on_finished(result)
+
+    def failed(self, message: str, _details: list) -> None:
+        if self.current():
+            self._on_failed(message)
+
+    def cancelled(self) -> None:
+        if self.current():
+            self._on_cancelled()
