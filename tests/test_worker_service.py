@@ -27,11 +27,14 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[Any] = []
         self.terminal = threading.Event()
+        self.progressed = threading.Event()  # the request is at work
 
     def __call__(self, event: Any) -> None:
         self.events.append(event)
         if isinstance(event, m.TERMINAL):
             self.terminal.set()
+        elif isinstance(event, m.Progress):
+            self.progressed.set()
 
     def terminals(self) -> list[Any]:
         return [e for e in self.events if isinstance(e, m.TERMINAL)]
@@ -72,15 +75,8 @@ def test_errors_end_the_request_as_failed_with_the_reason(client: ServiceClient)
 
 def test_cancel_takes_effect_during_work_and_ends_once(client: ServiceClient) -> None:
     events = Recorder()
-    progressed = threading.Event()
-
-    def on_event(event: Any) -> None:
-        events(event)
-        if isinstance(event, m.Progress):
-            progressed.set()
-
-    handle = client.submit_raw("wait", {}, on_event)
-    assert progressed.wait(60)
+    handle = client.submit_raw("wait", {}, events)
+    assert events.progressed.wait(60)
     client.cancel(handle)
     with pytest.raises(Cancelled):
         handle.wait(60)
@@ -99,15 +95,8 @@ def test_events_after_a_cancel_arrive_when_asked_for() -> None:
                            or message["event"])
     try:
         events = Recorder()
-        progressed = threading.Event()
-
-        def on_event(event: Any) -> None:
-            events(event)
-            if isinstance(event, m.Progress):
-                progressed.set()
-
-        handle = client.submit_raw("wait", {}, on_event)
-        assert progressed.wait(60)  # it is working: the cancel reaches it mid-work
+        handle = client.submit_raw("wait", {}, events)
+        assert events.progressed.wait(60)  # it is working: the cancel reaches it mid-work
         client.cancel(handle)
         with pytest.raises(Cancelled):
             handle.wait(60)
