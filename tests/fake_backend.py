@@ -331,6 +331,10 @@ class FakeModel:
     def is_end(self, token: int) -> bool:
         return token in (EOS, IM_END)
 
+    def vocabulary(self) -> list[bytes]:
+        return [(b"\xff" if token < len(SPECIALS) else b"") + text.encode()
+                for token, text in enumerate(VOCAB)]
+
     def text_stream(self) -> FakeStream:
         return FakeStream()
 

@@ -41,4 +41,4 @@ def test_hostile_templates_fail_with_a_reason(template: str, reason: str) -> Non
 
 def test_unknown_role_is_refused(base_info: BaseModelInfo) -> None:
     with pytest.raises(Exception, match="unknown chat role"):
-        render(base_info.chat_template, [Message("tool", "x")])
+        render(base_info.chat_template, [Message("robot", "x")])

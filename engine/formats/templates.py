@@ -14,12 +14,13 @@ template's own message.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jinja2
@@ -27,6 +28,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import RefusedError
 from engine.formats.safeio import printable
+from engine.wire import OMIT_NONE
 
 MAX_TEMPLATE_CHARS = 256 << 10
 MAX_OUTPUT_CHARS = 4 << 20
@@ -34,6 +36,9 @@ DEADLINE_SECONDS = 2.0
 MEMORY_HEADROOM = 256 << 20  # bytes of address space a render may add
 MAX_CALL_DEPTH = 500  # Python frames a render may add (the parser uses ~12 per nesting level)
 ROLES = ("system", "user", "assistant")
+# A prompt may also carry tool results (`engine.formats.tool_calls`); training data and
+# the chat's own conversations use ROLES.
+CHAT_ROLES = (*ROLES, "tool")
 
 
 class TemplateError(RefusedError):
@@ -41,9 +46,45 @@ class TemplateError(RefusedError):
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A call an assistant made: `arguments` is its JSON text, as OpenAI sends it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Message:
     role: str
     content: str
+    # An assistant's tool calls, and a tool result's call id and tool name (left out of
+    # the JSON while unset, so a plain message reads and writes as it always did).
+    tool_calls: tuple[ToolCall, ...] | None = field(default=None, metadata=OMIT_NONE)
+    tool_call_id: str | None = field(default=None, metadata=OMIT_NONE)
+    name: str | None = field(default=None, metadata=OMIT_NONE)
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates read it (Hugging Face's shape: tool calls with
+        their arguments as a mapping when they are a JSON object)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.name, "arguments": _arguments_value(c.arguments)}}
+                for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+def _arguments_value(arguments: str) -> Any:
+    try:
+        value = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments
+    return value if isinstance(value, dict) else arguments
 
 
 def _raise_exception(message: str) -> None:
@@ -149,7 +190,7 @@ def check_messages(messages: Sequence[Message]) -> None:
     if not messages:
         raise RefusedError("a chat needs at least one message")
     for message in messages:
-        if message.role not in ROLES:
+        if message.role not in CHAT_ROLES:
             raise RefusedError(f"unknown chat role {message.role!r}")
 
 
@@ -161,18 +202,25 @@ def render(
     eos_token: str = "",
     add_generation_prompt: bool = True,
     deadline: float = DEADLINE_SECONDS,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> str:
-    """Render `messages` with `template`; raises TemplateError with a clear reason."""
+    """Render `messages` with `template`; raises TemplateError with a clear reason.
+
+    `tools` (OpenAI function definitions, `{"type": "function", "function": {...}}`)
+    reach the template as `tools`, as Hugging Face passes them; without it the template
+    sees no `tools` at all, as before."""
     check_messages(messages)
     if len(template) > MAX_TEMPLATE_CHARS:
         raise TemplateError(f"chat template longer than {MAX_TEMPLATE_CHARS} characters")
     env = _environment()
     context = {
-        "messages": [{"role": m.role, "content": m.content} for m in messages],
+        "messages": [m.template_dict() for m in messages],
         "bos_token": bos_token,
         "eos_token": eos_token,
         "add_generation_prompt": add_generation_prompt,
     }
+    if tools is not None:
+        context["tools"] = [dict(tool) for tool in tools]
     pieces: list[str] = []
     size = 0
     previous = sys.gettrace()

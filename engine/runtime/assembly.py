@@ -23,6 +23,7 @@ from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Reader
 from engine.errors import StudioError, UsageError
+from engine.formats.tool_calls import Constraint
 from engine.runtime import messages
 
 G = TypeVar("G", bound=messages.Generate)
@@ -55,16 +56,18 @@ def request(catalog: Reader, name: str, prompt: messages.Prompt, *,
             kind: type[G] = messages.Generate,
             backend: str | None = None, ov_profile: str | None = None,
             n_ctx: int | None = None, base_sampling: Sampling | None = None,
-            top_logprobs: int = 0, **overrides: Any) -> G:
+            top_logprobs: int = 0, constraint: Constraint | None = None,
+            **overrides: Any) -> G:
     """The `Generate` (or `Compare`, with `kind`) request for `name` and `prompt`.
 
     One snapshot of the catalog serves the whole assembly. `overrides` are sampling
     settings (temperature, top_p, top_k, repeat_penalty, seed, max_tokens, stop);
-    `base_sampling` replaces the profile's sampling under them (a replay's)."""
+    `base_sampling` replaces the profile's sampling under them (a replay's);
+    `constraint` is what the answer must be (a JSON schema, a tool call)."""
     snapshot = catalog.snapshot()
     served = spec(snapshot, name, backend=backend, ov_profile=ov_profile, n_ctx=n_ctx)
     chosen = sampling(snapshot, name, base_sampling, **overrides)
-    return kind(served, prompt, chosen, top_logprobs)
+    return kind(served, prompt, chosen, top_logprobs, constraint)
 
 
 def with_seed(generate: G, seed: int) -> G:

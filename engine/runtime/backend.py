@@ -94,6 +94,12 @@ class ResidentModel(Protocol):
 
     def is_end(self, token: int) -> bool: ...
 
+    def vocabulary(self) -> list[bytes]:
+        """Every token's bytes, in id order, as it adds them to text; control tokens as
+        b"\\xff" + their text (constrained decoding builds its tokenizer from this:
+        `engine.runtime.constraint`)."""
+        ...
+
     def text_stream(self) -> TextStream: ...
 
     def needs_rebuild(self, adapters: AdapterSet) -> bool:

@@ -21,8 +21,11 @@ import numpy as np
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.errors import Cancelled, EngineError, RefusedError
+from engine.formats import tool_calls
+from engine.formats.tool_calls import CallParser, Constraint
 from engine.runtime import prompting, replay
 from engine.runtime.backend import ResidentModel, TextStream
+from engine.runtime.constraint import Matcher
 from engine.runtime.messages import Prompt
 from engine.runtime.results import (
     Alternative,
@@ -59,6 +62,8 @@ class Side:
     decode_seconds: float = 0.0
     prompt_seconds: float = 0.0
     reused_tokens: int = 0
+    # With tools: splits the answer into content and tool calls as it streams.
+    parser: CallParser | None = None
 
     def step(self, sampling: Sampling, emit: Emit, cancelled: CancelCheck,
              top_logprobs: int = 0) -> None:
@@ -104,9 +109,16 @@ class Side:
         if top:
             event["top"] = [list(t) for t in top]
             event["piece"] = model.token_text(token).decode("utf-8", "replace")
+        if self.parser is not None:
+            content, deltas = self.parser.feed(text)
+            event["content"] = content
+            if deltas:
+                event["calls"] = [d.to_dict() for d in deltas]
         emit("token", **event)
         if hit:
             self.finish = "stop"
+        elif self.sampler.finished:  # the constraint is complete: only the end may follow
+            self.finish = "eos"
         elif len(self.tokens) >= sampling.max_tokens:
             self.finish = "length"
         elif len(self.prompt) + len(self.tokens) >= context.n_ctx:
@@ -115,11 +127,18 @@ class Side:
             self.logits = context.step(token)
         self.decode_seconds += time.perf_counter() - start
 
-    def result(self, prompt: Prompt, sampling: Sampling) -> GenerationResult:
+    def result(self, prompt: Prompt, sampling: Sampling,
+               constraint: Constraint | None = None) -> GenerationResult:
         """The finished side, with what regenerates it (`engine.runtime.replay`)."""
-        self.text += self.stops.feed(self.decoder.finish())[0]
+        tail = self.stops.feed(self.decoder.finish())[0]
         if self.finish != "stop":
-            self.text += self.stops.flush()
+            tail += self.stops.flush()
+        self.text += tail
+        content = calls = None
+        if self.parser is not None:
+            self.parser.feed(tail)
+            self.parser.finish()
+            content, calls = self.parser.content, tuple(self.parser.calls)
         spec = self.spec
         self.session.generations += 1
         tps = len(self.tokens) / self.decode_seconds if self.decode_seconds > 0 else 0.0
@@ -133,7 +152,8 @@ class Side:
             finish_reason=self.finish, tokens_per_second=tps,
             top_logprobs=tuple(self.top) if self.top else None,
             replay=replay.record(self.session.spec, prompt, sampling, self.prompt,
-                                 self.tokens, texts, self.text, self.finish))
+                                 self.tokens, texts, self.text, self.finish, constraint),
+            content=content, tool_calls=calls)
 
 
 class GenerationTask:
@@ -145,7 +165,7 @@ class GenerationTask:
 
     def __init__(self, registry: SessionRegistry, kind: str, spec: SessionSpec,
                  prompt: Prompt, sampling: Sampling, emit: Emit, cancelled: CancelCheck,
-                 top_logprobs: int = 0) -> None:
+                 top_logprobs: int = 0, constraint: Constraint | None = None) -> None:
         if kind == "compare" and not spec.adapters:
             raise RefusedError(f"{spec.name} is a base model; compare needs a variant")
         self.registry = registry
@@ -155,6 +175,7 @@ class GenerationTask:
         self.emit = emit
         self.cancelled = cancelled
         self.top_logprobs = top_logprobs
+        self.constraint = constraint
         # The variant opens first: on OpenVINO, registering its adapters may rebuild the
         # compiled model, which closes that base's sessions; the base side then joins it.
         self.wanted = ([("main", spec)] if kind == "generate"
@@ -170,18 +191,38 @@ class GenerationTask:
         for name, spec in self.wanted:
             resident = self.registry.resident(spec, self.cancelled)
             tokens = prompting.prompt_tokens(resident.model, resident.info, spec, self.prompt)
-            session = self.registry.acquire(spec, tokens, self.cancelled)
+            fmt = prompting.tool_format(resident.info, self.prompt)
+            try:
+                # Compiled before a session is taken: a grammar that does not compile is
+                # refused, never served unconstrained.
+                matcher = self._matcher(resident.model, fmt)
+                session = self.registry.acquire(spec, tokens, self.cancelled)
+            except BaseException:
+                for side in sides:
+                    self.registry.release(side.session)
+                raise
             if session is None:
                 for side in sides:
                     self.registry.release(side.session)
                 return False
             session.context.cancelled = self.cancelled
             model = self.registry.model(spec)
-            sides.append(Side(name, session, model, Sampler(self.sampling),
+            choice = self.constraint.tool_choice if self.constraint else None
+            parser = (CallParser(fmt, replay.token_digest(tokens))
+                      if fmt is not None and self.prompt.tools and choice != "none" else None)
+            sides.append(Side(name, session, model, Sampler(self.sampling, matcher),
                               StopMatcher(self.sampling.stop), tokens, spec,
-                              model.text_stream()))
+                              model.text_stream(), parser=parser))
         self.sides = sides
         return True
+
+    def _matcher(self, model: ResidentModel, fmt: str | None) -> Matcher | None:
+        """The request's constraint as a grammar state for one side (None: none)."""
+        if self.constraint is None or not self.constraint.active:
+            return None
+        grammar = tool_calls.grammar(self.constraint, self.prompt.tools or (),
+                                     fmt or "generic")
+        return Matcher(model, grammar) if grammar is not None else None
 
     def advance(self) -> GenerationResult | CompareResult | None:
         if self.cancelled():
@@ -194,10 +235,11 @@ class GenerationTask:
         if any(side.finish is None for side in self.sides):
             return None
         if self.kind == "generate":
-            return self.sides[0].result(self.prompt, self.sampling)
+            return self.sides[0].result(self.prompt, self.sampling, self.constraint)
         variant, base = self.sides
-        return CompareResult(base=base.result(self.prompt, self.sampling),
-                             variant=variant.result(self.prompt, self.sampling),
+        return CompareResult(base=base.result(self.prompt, self.sampling, self.constraint),
+                             variant=variant.result(self.prompt, self.sampling,
+                                                    self.constraint),
                              first_divergence=first_divergence(base.tokens, variant.tokens),
                              adapter_effect=adapter_effect(base, variant))
 

@@ -138,7 +138,7 @@ class Host:
             kind = "compare" if isinstance(request, m.Compare) else "generate"
             return GenerationTask(self.registry(), kind, request.spec, request.prompt,
                                   request.sampling, job.emit, job.cancelled,
-                                  request.top_logprobs)
+                                  request.top_logprobs, request.constraint)
         except Exception as exc:
             job.fail(exc)
             return None

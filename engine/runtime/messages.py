@@ -23,7 +23,8 @@ from engine import wire
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.errors import RefusedError, StudioError
-from engine.formats.templates import ROLES, Message
+from engine.formats.templates import CHAT_ROLES, Message
+from engine.formats.tool_calls import MAX_TOOLS, CallDelta, Constraint, Tool
 from engine.runtime import protocol
 from engine.runtime.results import (
     CompareResult,
@@ -52,12 +53,16 @@ class Prompt(wire.Wire):
     messages: Annotated[tuple[Message, ...], wire.Size(0, MAX_MESSAGES)] = ()
     chat: bool = False
     system: str | None = None
+    # Tools the model may call (`engine.formats.tool_calls`), rendered into the prompt.
+    tools: tuple[Tool, ...] | None = field(default=None, metadata=wire.OMIT_NONE)
 
     def __post_init__(self) -> None:
         wire.check(self)
-        if any(m.role not in ROLES for m in self.messages):
-            raise RefusedError("each message needs a role (system, user or assistant) "
-                               "and text content")
+        if any(m.role not in CHAT_ROLES for m in self.messages):
+            raise RefusedError("each message needs a role (system, user, assistant or "
+                               "tool) and text content")
+        if self.tools is not None and len(self.tools) > MAX_TOOLS:
+            raise RefusedError(f"at most {MAX_TOOLS} tools")
 
 
 # --------------------------------------------------------------------------- requests
@@ -132,6 +137,8 @@ class Generate(Request):
     sampling: Sampling = field(default_factory=Sampling)
     # The most likely alternatives reported per token.
     top_logprobs: Annotated[int, wire.Range(0, MAX_TOP_LOGPROBS)] = 0
+    # What the answer must be (a JSON schema, a tool call): a token mask in the sampler.
+    constraint: Constraint | None = field(default=None, metadata=wire.OMIT_NONE)
 
     def __post_init__(self) -> None:
         wire.check(self)
@@ -247,6 +254,10 @@ class Token(wire.Wire):
     index: int
     top: tuple[tuple[int, str, float], ...] = ()
     piece: str = ""  # this token's own text (sent with `top`)
+    # With tools: the part of `text` that is content (None: all of it) and the pieces of
+    # tool calls it completed (`engine.formats.tool_calls.CallParser`).
+    content: str | None = None
+    calls: tuple[CallDelta, ...] = ()
 
 
 @dataclass(frozen=True)

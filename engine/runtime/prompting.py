@@ -5,13 +5,16 @@ A chat prompt is rendered with the base's own chat template (sandboxed, `engine.
 formats.templates`; a plain transcript when it has none), with the request's system
 prompt, else the profile's; raw text is tokenized as it is. Scoring and the merge check
 tokenize their texts here too, so a scored or checked item is the tokens a served
-request would see. (Tools, when requests carry them, are rendered here as well.)
+request would see. Tools, tool calls and tool results are rendered here too: through
+the template when it takes tools, else in the documented generic format
+(`engine.formats.tool_calls`).
 """
 
 from __future__ import annotations
 
 from engine.catalog.resolve import SessionSpec
 from engine.errors import ContextOverflowError, RefusedError
+from engine.formats import tool_calls
 from engine.formats.artifacts import BaseModelInfo
 from engine.formats.templates import Message, plain_prompt, render
 from engine.runtime.backend import ResidentModel
@@ -27,10 +30,14 @@ def prompt_tokens(model: ResidentModel, info: BaseModelInfo, spec: SessionSpec,
         system = prompt.system if prompt.system is not None else spec.system_prompt
         if system and messages[0].role != "system":
             messages.insert(0, Message("system", system))
+        tools = None
+        fmt = tool_format(info, prompt)
+        if fmt is not None:
+            messages, tools = tool_calls.prepare(messages, prompt.tools or (), fmt)
         if info.chat_template:
             text = render(info.chat_template, messages,
                           bos_token=special(model, info.bos_token_id),
-                          eos_token=special(model, info.eos_token_id))
+                          eos_token=special(model, info.eos_token_id), tools=tools)
         else:
             text = plain_prompt(messages)
     else:
@@ -43,6 +50,15 @@ def prompt_tokens(model: ResidentModel, info: BaseModelInfo, spec: SessionSpec,
         raise ContextOverflowError(f"prompt of {len(tokens)} tokens does not fit the "
                                    f"context ({n_ctx})")
     return tokens
+
+
+def tool_format(info: BaseModelInfo, prompt: Prompt) -> str | None:
+    """The tool-call format `prompt` is rendered and answered in (None: it has no tools,
+    tool calls or tool results; `generic` without a template that takes tools)."""
+    if not prompt.tools and not any(m.role == "tool" or m.tool_calls
+                                    for m in prompt.messages):
+        return None
+    return tool_calls.detect(info.chat_template)
 
 
 def text_tokens(model: ResidentModel, info: BaseModelInfo, text: str) -> list[int]:

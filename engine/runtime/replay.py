@@ -28,6 +28,7 @@ from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Reader
 from engine.errors import RefusedError, StudioError
 from engine.formats.safeio import open_regular
+from engine.formats.tool_calls import Constraint
 from engine.runtime import assembly
 from engine.runtime.messages import Generate, Prompt
 from engine.runtime.results import GenerationResult
@@ -44,18 +45,21 @@ def token_digest(tokens: list[int]) -> str:
 
 def record(spec: SessionSpec, prompt: Prompt, sampling: Sampling, prompt_ids: list[int],
            token_ids: list[int], token_texts: list[str], text: str,
-           finish_reason: str | None) -> dict[str, Any]:
-    """The replay record of one answer (a JSON object)."""
+           finish_reason: str | None, constraint: Constraint | None = None
+           ) -> dict[str, Any]:
+    """The replay record of one answer (a JSON object). A constrained answer's record
+    holds its constraint (and the prompt its tools), so replay constrains it again."""
     # The system prompt it was answered with: the request's, else the profile's then.
     system = prompt.system if prompt.system is not None else spec.system_prompt
-    pinned = Prompt(prompt.text, prompt.messages, prompt.chat, system)
+    pinned = Prompt(prompt.text, prompt.messages, prompt.chat, system, prompt.tools)
+    extra = {"constraint": constraint.to_dict()} if constraint is not None else {}
     return {
         "format": FORMAT, "name": spec.name, "kind": spec.kind, "backend": spec.backend,
         "identity": spec.identity.to_dict(), "sampling": sampling.to_dict(),
         "seed": sampling.seed, "prompt": pinned.to_dict(),
         "prompt_tokens": len(prompt_ids), "prompt_sha256": token_digest(prompt_ids),
         "token_ids": list(token_ids), "token_texts": list(token_texts), "text": text,
-        "finish_reason": finish_reason,
+        "finish_reason": finish_reason, **extra,
     }
 
 
@@ -74,6 +78,7 @@ class ReplayRecord:
     token_texts: tuple[str, ...]
     text: str
     finish_reason: str | None
+    constraint: Constraint | None = None
 
     @staticmethod
     def from_dict(data: Any) -> ReplayRecord:
@@ -99,11 +104,13 @@ class ReplayRecord:
             name = data["name"]
             if not isinstance(name, str) or not isinstance(data.get("text", ""), str):
                 raise RefusedError("name and text must be strings")
+            constraint = (Constraint.from_dict(data["constraint"])
+                          if data.get("constraint") is not None else None)
             return ReplayRecord(name, str(data.get("kind", "")), identity, sampling,
                                 Prompt.from_dict(data["prompt"]),
                                 int(data.get("prompt_tokens", 0)),
                                 str(data.get("prompt_sha256", "")), tuple(ids), tuple(texts),
-                                data.get("text", ""), data.get("finish_reason"))
+                                data.get("text", ""), data.get("finish_reason"), constraint)
         except StudioError as exc:
             raise RefusedError(f"malformed replay record: {exc.message}") from None
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -161,7 +168,8 @@ def plan(catalog: Reader, rec: ReplayRecord) -> ReplayPlan:
     try:
         request = assembly.request(catalog, rec.name, rec.prompt,
                                    backend=rec.identity.backend,
-                                   n_ctx=rec.identity.context.n_ctx, base_sampling=rec.sampling)
+                                   n_ctx=rec.identity.context.n_ctx, base_sampling=rec.sampling,
+                                   constraint=rec.constraint)
     except StudioError as exc:
         return ReplayPlan(rec, None, None, (), f"the identity no longer exists: "
                                                 f"{exc.message}")

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine import wire
 from engine.catalog.resolve import SessionSpec
+from engine.formats.templates import ToolCall
 
 
 class Result(wire.Wire):
@@ -77,6 +78,9 @@ class GenerationResult(Result):
     top_logprobs: tuple[tuple[Alternative, ...], ...] | None = field(
         default=None, metadata=wire.OMIT_NONE)
     replay: dict[str, Any] | None = field(default=None, metadata=wire.OMIT_NONE)
+    # With tools: the answer's content without its tool calls, and the calls.
+    content: str | None = field(default=None, metadata=wire.OMIT_NONE)
+    tool_calls: tuple[ToolCall, ...] | None = field(default=None, metadata=wire.OMIT_NONE)
 
 
 @dataclass(frozen=True)

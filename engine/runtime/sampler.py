@@ -6,11 +6,17 @@ Temperature 0 is greedy (argmax after the repeat penalty) and reproducible. With
 temperature, the order is llama.cpp's: repeat penalty, top-k, temperature, top-p,
 then a draw from a generator seeded once per request, so the same seed gives the
 same text.
+
+A constrained request (a JSON schema, a tool call: `engine.runtime.constraint`) gives
+the sampler a `Mask`: before every choice, the tokens the grammar does not allow are
+set to -inf (after the repeat penalty, before top-k), and the chosen token is fed
+back to it. Every backend samples here, so every backend is constrained the same way.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 import numpy as np
 
@@ -34,12 +40,34 @@ def token_logprob(logits: np.ndarray, token: int) -> float:
     return float(row[token] - top) - math.log(float(total))
 
 
-class Sampler:
-    """Chooses tokens for one request; holds the seeded generator."""
+class Mask(Protocol):
+    """A grammar's state for one request (`engine.runtime.constraint.Matcher`)."""
 
-    def __init__(self, sampling: Sampling) -> None:
+    def mask(self, logits: np.ndarray) -> None:
+        """Set the logits of the tokens not allowed next to -inf, in place."""
+
+    def accept(self, token: int) -> None:
+        """The token chosen."""
+
+    @property
+    def done(self) -> bool:
+        """Nothing but the end may follow."""
+        ...
+
+
+class Sampler:
+    """Chooses tokens for one request; holds the seeded generator, and the grammar's
+    state when the request is constrained."""
+
+    def __init__(self, sampling: Sampling, constraint: Mask | None = None) -> None:
         self.s = sampling
         self.rng = np.random.Generator(np.random.PCG64(sampling.seed))
+        self.constraint = constraint
+
+    @property
+    def finished(self) -> bool:
+        """A constrained answer is complete (its grammar allows only the end)."""
+        return self.constraint is not None and self.constraint.done
 
     def choose(self, logits: np.ndarray, history: list[int]) -> int:
         logits = logits.astype(np.float32, copy=True)
@@ -48,6 +76,14 @@ class Sampler:
             values = logits[recent]
             logits[recent] = np.where(values > 0, values / self.s.repeat_penalty,
                                       values * self.s.repeat_penalty)
+        if self.constraint is None:
+            return self._pick(logits)
+        self.constraint.mask(logits)
+        token = self._pick(logits)
+        self.constraint.accept(token)
+        return token
+
+    def _pick(self, logits: np.ndarray) -> int:
         if self.s.temperature <= 0:
             return int(np.argmax(logits))
         candidates = np.arange(logits.shape[0])
@@ -56,7 +92,7 @@ class Sampler:
         # A stable order makes the draw independent of argpartition's internals.
         candidates = candidates[np.lexsort((candidates, -logits[candidates]))]
         scaled = logits[candidates].astype(np.float64) / self.s.temperature
-        probs = np.exp(scaled - scaled.max())
+        probs = np.exp(scaled - scaled.max())  # masked tokens (-inf) get 0
         probs /= probs.sum()
         if self.s.top_p < 1.0:
             keep = int(np.searchsorted(np.cumsum(probs), self.s.top_p) + 1)

@@ -156,6 +156,23 @@ class LlamaModel:
     def is_end(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
 
+    def vocabulary(self) -> list[bytes]:
+        """Every token's bytes as it adds them to text; a control token as b"\\xff" and
+        its text (the grammar engine's mark for tokens text never produces)."""
+        out = []
+        buf = ctypes.create_string_buffer(256)
+        for token in range(self.n_vocab):
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+            if n < 0:  # a longer piece: read it whole
+                buf = ctypes.create_string_buffer(-n)
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+            text = buf.raw[: max(n, 0)]
+            if llama_cpp.llama_token_get_attr(self.vocab, token) & \
+                    llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
+                text = b"\xff" + text
+            out.append(text)
+        return out
+
     def text_stream(self) -> ByteStream:
         return ByteStream(self.piece)
 

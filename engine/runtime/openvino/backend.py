@@ -178,6 +178,29 @@ class OvModel:
     def is_end(self, token: int) -> bool:
         return token in self._end_ids
 
+    def vocabulary(self) -> list[bytes]:
+        """Every token's bytes, read from the detokenizer's own vocabulary (its
+        `VocabDecoder` node's constants: the bytes each id decodes to, which the GGUF's
+        tokens are on llama.cpp too); the tokens it skips as special get b"\\xff"."""
+        path = Path(self.path) / "openvino_detokenizer.xml"
+        try:
+            graph = _tokenizer_core().read_model(str(path))
+        except RuntimeError as exc:
+            raise RefusedError(f"{Path(self.path).name}: its detokenizer cannot be read for "
+                               "constrained decoding", details=(str(exc)[-300:],)) from None
+        decoders = [op for op in graph.get_ordered_ops() if op.get_type_name() == "VocabDecoder"]
+        constants = ([decoders[0].input_value(i).get_node() for i in (1, 2, 3)]
+                     if len(decoders) == 1 else [])
+        if len(constants) != 3 or any(c.get_type_name() != "Constant" for c in constants):
+            raise RefusedError(f"{Path(self.path).name}: its detokenizer has no vocabulary "
+                               "constrained decoding can read")
+        begins, ends = (c.get_data().astype(np.int64).tolist() for c in constants[:2])
+        raw = constants[2].get_data().tobytes()
+        tokens = [raw[b:e] for b, e in zip(begins, ends, strict=True)]
+        for token in _skipped_tokens(decoders[0], len(tokens)):
+            tokens[token] = b"\xff" + tokens[token]
+        return tokens
+
     def _find_end_ids(self) -> frozenset[int]:
         ids = set()
         if self.info.eos_token_id is not None:
@@ -639,6 +662,37 @@ class PieceCache:
             text = self.decode([token])
             self.known[token] = text if text and "\ufffd" not in text else None
         return self.known[token]
+
+
+_TOKENIZER_CORE: list[Any] = []
+
+
+def _tokenizer_core() -> Any:
+    """A Core that reads tokenizer graphs: made after openvino_tokenizers registered its
+    operations, and kept for the process (a graph of them outliving its Core crashes
+    the process when it is freed: the operations' library goes with the Core)."""
+    if not _TOKENIZER_CORE:
+        import openvino_tokenizers  # noqa: F401  (registers the tokenizer operations)
+
+        _TOKENIZER_CORE.append(ov.Core())
+    return _TOKENIZER_CORE[0]
+
+
+def _skipped_tokens(decoder: Any, n_tokens: int) -> list[int]:
+    """The ids a VocabDecoder skips (special tokens): a constant, or a slice of one."""
+    if decoder.get_input_size() < 5:
+        return []
+    node = decoder.input_value(4).get_node()
+    if node.get_type_name() == "Constant":
+        ids = node.get_data().copy()
+    elif node.get_type_name() == "Slice" and all(
+            v.get_node().get_type_name() == "Constant" for v in node.input_values()):
+        data, start, stop, step, *_ = (v.get_node().get_data().copy()
+                                       for v in node.input_values())
+        ids = np.asarray(data)[int(start[0]):int(min(stop[0], len(data))):int(step[0])]
+    else:
+        return []
+    return [int(t) for t in np.asarray(ids).ravel() if 0 <= int(t) < n_tokens]
 
 
 def _piece_cache_ok(model: OvModel) -> PieceCache | None:
