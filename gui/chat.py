@@ -110,6 +110,7 @@ class ChatView(QWidget):
         self.client = client
         self.catalog = catalog
         self._code: list[str] = []  # the code blocks shown, for their Copy links
+        self._drawn_dark: bool | None = None  # the theme the transcript was drawn for
         self._listing = False  # the list is being filled (not the user's doing)
         self._stream: StreamingMarkdown | None = None  # the answer being drawn
         self._region: StreamRegion | None = None
@@ -464,7 +465,8 @@ class ChatView(QWidget):
         self._render_header()
         messages = self.conversation.messages
         busy = self.reply is not None
-        page = transcript_html(messages, busy, self._dark())
+        self._drawn_dark = self._dark()
+        page = transcript_html(messages, busy, self._drawn_dark)
         self._code = page.code
         self.transcript.setHtml(page.html if messages or busy
                                 else purpose_html(self.catalog, self.model_name))
@@ -473,6 +475,15 @@ class ChatView(QWidget):
 
     def _dark(self) -> bool:
         return self.palette().color(QPalette.ColorRole.Base).lightness() < 128
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
+        super().changeEvent(event)
+        # A theme switch: the transcript's code is highlighted for one theme, so it is
+        # drawn again (an answer being streamed is drawn whole when it ends).
+        drawn = getattr(self, "_drawn_dark", None)  # None: not drawn yet
+        if (event.type() == QEvent.Type.PaletteChange and drawn is not None
+                and drawn != self._dark() and self.reply is None):
+            self.show_conversation()
 
     def _scroll_to_end(self) -> None:
         bar = self.transcript.verticalScrollBar()

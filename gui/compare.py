@@ -28,10 +28,11 @@ side says how it ended (a side cut at max tokens says so). Recent comparisons ar
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QKeySequence, QPalette, QShortcut, QTextCharFormat, QTextCursor
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -83,8 +84,9 @@ TEXT_INTERVAL_MS = 100  # between draws of a side's new text while it streams
 class _Side:
     """One side's title and text on screen, over its `SideState` (the controller's)."""
 
-    def __init__(self, state: SideState) -> None:
+    def __init__(self, state: SideState, dark: Callable[[], bool]) -> None:
         self.state = state
+        self._dark = dark  # whether the view is drawn in a dark theme
         self.title = QLabel(state.title)
         # Wrapped to its column: a finished run's figures make a header longer than the
         # column, which as one line raised the window's minimum width (the window grew
@@ -93,6 +95,7 @@ class _Side:
         self.browser = QTextBrowser()
         self.browser.setOpenLinks(False)
         self.marks: tuple[str, str] = ("", "")  # (the token marked, the tail shaded)
+        self.drawn_dark: bool | None = None  # the theme the text was drawn for
         self._stream: StreamingMarkdown | None = None  # while it streams
         self._region: StreamRegion | None = None
         self._pending = ""  # arrived, not drawn yet
@@ -129,9 +132,6 @@ class _Side:
         self._pending = ""
         self.browser.setPlainText("")
 
-    def _dark(self) -> bool:
-        return self.browser.palette().color(QPalette.ColorRole.Base).lightness() < 128
-
     def grow(self, text: str) -> None:
         self._pending += text
 
@@ -140,7 +140,7 @@ class _Side:
         if not self._pending:
             return
         if self._stream is None or self._region is None:
-            dark = self._dark()
+            dark = self.drawn_dark = self._dark()
             self._stream = StreamingMarkdown(
                 lambda text: render_markdown(text, dark, copy_links=False).html)
             self.browser.setPlainText("")
@@ -153,13 +153,14 @@ class _Side:
         shaded."""
         self._stream = self._region = None
         self._pending = ""
+        self.drawn_dark = self._dark()
         if divergence is None or divergence >= len(self.tokens):
-            self.browser.setHtml(render_markdown(self.text, self._dark(),
+            self.browser.setHtml(render_markdown(self.text, self.drawn_dark,
                                                  copy_links=False).html)
             self.marks = ("", "")
             return
         source = marked_markdown([t[2] for t in self.tokens], divergence)
-        self.browser.setHtml(render_markdown(source, self._dark(), copy_links=False).html)
+        self.browser.setHtml(render_markdown(source, self.drawn_dark, copy_links=False).html)
         document = self.browser.document()
         positions = []
         for marker in (TOKEN_START, TAIL_START):
@@ -277,8 +278,10 @@ class CompareView(QWidget):
         row.addWidget(self.run_button)
         row.addWidget(self.stop_button)
 
-        self.base_side = _Side(self.controller.sides["base"])
-        self.variant_side = _Side(self.controller.sides["variant"])
+        # The view's own palette tells the theme: it has the new one when it hears of a
+        # switch (`changeEvent`), before the texts inside it do.
+        self.base_side = _Side(self.controller.sides["base"], self._dark)
+        self.variant_side = _Side(self.controller.sides["variant"], self._dark)
         grid = QGridLayout()
         grid.addWidget(self.base_side.title, 0, 0)
         grid.addWidget(self.variant_side.title, 0, 1)
@@ -404,6 +407,21 @@ class CompareView(QWidget):
 
     def stop(self) -> None:
         self.controller.stop()
+
+    def _dark(self) -> bool:
+        return self.palette().color(QPalette.ColorRole.Base).lightness() < 128
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
+        super().changeEvent(event)
+        # A theme switch: both texts' code is highlighted for one theme, so they are
+        # drawn again (a run in progress is drawn whole when it ends).
+        if (event.type() != QEvent.Type.PaletteChange
+                or getattr(self, "variant_side", None) is None or self.reply is not None):
+            return
+        divergence = self.result.first_divergence if self.result is not None else None
+        for side in (self.base_side, self.variant_side):
+            if side.text and side.drawn_dark not in (None, side._dark()):
+                side.render(divergence)
 
     def _side(self, name: str) -> _Side | None:
         return {"base": self.base_side, "variant": self.variant_side}.get(name)
