@@ -476,7 +476,8 @@ class ServerPanel(QWidget):
         items = []
         for value in values:
             item = QStandardItem(value)
-            item.setToolTip(f"{entry.path} · {entry.seconds:.2f} s")
+            item.setToolTip(f"{entry.path} · {entry.seconds:.2f} s"
+                            + (f"\n{entry.reason}" if entry.reason else ""))
             items.append(item)
         if entry.status >= 400:
             for item in items:

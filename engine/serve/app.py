@@ -40,10 +40,10 @@ from engine import __version__
 from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog, Snapshot
 from engine.errors import StudioError
-from engine.formats.templates import Message
+from engine.formats.tool_calls import Constraint
 from engine.runtime import messages as m
 from engine.runtime.results import GenerationResult
-from engine.serve import schemas
+from engine.serve import schemas, structured
 from engine.serve.bridge import EngineBridge
 from engine.serve.config import ServeConfig, is_loopback
 from engine.serve.errors import ApiError, from_studio_error
@@ -66,6 +66,7 @@ class LogEntry:
     tokens_per_second: float
     status: int
     seconds: float
+    reason: str = ""  # why a request failed ("" when it was served)
 
 
 @dataclass
@@ -197,10 +198,12 @@ async def chat_completions(request: Request) -> Response:
     state = state_of(request)
     body = schemas.parse(schemas.ChatCompletionRequest, await _json(request))
     snapshot = state.models.offered(body.model)
-    prompt = m.Prompt(messages=tuple(
-        Message("system" if msg.role == "developer" else msg.role, msg.text())
-        for msg in body.messages), chat=True)
-    return await _serve(request, state, snapshot, body, prompt, chat=True)
+    try:
+        prompt, constraint = structured.chat_request(body)
+    except StudioError as exc:  # a value the engine's own types refuse
+        raise structured.studio_error(exc) from None
+    return await _serve(request, state, snapshot, body, prompt, chat=True,
+                        constraint=constraint)
 
 
 async def completions(request: Request) -> Response:
@@ -209,20 +212,24 @@ async def completions(request: Request) -> Response:
     snapshot = state.models.offered(body.model)
     if not body.text():
         raise ApiError(400, "the prompt is empty", "prompt", "invalid_value")
-    return await _serve(request, state, snapshot, body, m.Prompt(body.text()), chat=False)
+    return await _serve(request, state, snapshot, body, m.Prompt(body.text()), chat=False,
+                        constraint=structured.completion_constraint(body))
 
 
 async def _json(request: Request) -> Any:
     raw = await request.body()
     try:
-        return json.loads(raw)
+        data = json.loads(raw)
     except (ValueError, RecursionError) as exc:
         raise ApiError(400, f"the body is not valid JSON ({type(exc).__name__})", None,
                        "invalid_json") from None
+    if isinstance(data, dict) and isinstance(data.get("model"), str):
+        request.state.model = data["model"][:200]  # for the request log, if it fails
+    return data
 
 
-def _generate(state: ServerState, snapshot: Snapshot, body: Any, prompt: m.Prompt
-              ) -> m.Generate:
+def _generate(state: ServerState, snapshot: Snapshot, body: Any, prompt: m.Prompt,
+              constraint: Constraint | None = None) -> m.Generate:
     """The engine request (`runtime.assembly`, as every front end builds it): the
     model's profile with the request's sampling fields on top."""
     limit = body.token_limit()
@@ -234,12 +241,14 @@ def _generate(state: ServerState, snapshot: Snapshot, body: Any, prompt: m.Promp
     return state.models.request(snapshot, body.model, prompt, body.alternatives(),
                                 max_tokens=limit, temperature=body.temperature,
                                 top_p=body.top_p, seed=body.seed, top_k=body.top_k,
-                                repeat_penalty=body.repeat_penalty, stop=body.stops())
+                                repeat_penalty=body.repeat_penalty, stop=body.stops(),
+                                constraint=constraint)
 
 
 async def _serve(request: Request, state: ServerState, snapshot: Snapshot, body: Any,
-                 prompt: m.Prompt, chat: bool) -> Response:
-    generate = _generate(state, snapshot, body, prompt)
+                 prompt: m.Prompt, chat: bool, constraint: Constraint | None = None
+                 ) -> Response:
+    generate = _generate(state, snapshot, body, prompt, constraint)
     spec = generate.spec
     reply = Reply(state, request.url.path, spec, chat, body)
     headers = {"x-variant-identity": spec.identity.key}
@@ -271,12 +280,12 @@ class Reply:
         return {"id": self.id, "object": kind, "created": self.created,
                 "model": self.spec.name, "system_fingerprint": self.fingerprint}
 
-    def _log(self, status: int, result: GenerationResult | None) -> None:
+    def _log(self, status: int, result: GenerationResult | None, reason: str = "") -> None:
         self.state.record(LogEntry(
             time.time(), self.path, self.spec.name, self.spec.identity.short,
             result.prompt_tokens if result else 0, len(result.token_ids) if result else 0,
             result.tokens_per_second if result else 0.0, status,
-            time.monotonic() - self.started))
+            time.monotonic() - self.started, reason))
 
     @staticmethod
     def usage(result: GenerationResult) -> dict[str, int]:
@@ -299,22 +308,27 @@ class Reply:
                         break
                     elif isinstance(event, m.Failed):
                         error = from_studio_error(event.error)
-                        self._log(error.status, None)
+                        self._log(error.status, None, error.message)
+                        error.logged = True
                         raise error
                     elif isinstance(event, m.Cancelled):
-                        self._log(499, None)
-                        raise ApiError(503, "the request was cancelled", None, "cancelled")
+                        self._log(499, None, "cancelled")
+                        raise ApiError(503, "the request was cancelled", None, "cancelled",
+                                       logged=True)
                 else:  # the client went away: leaving the block cancels the generation
-                    self._log(499, None)
-                    raise ApiError(499, "client disconnected")
+                    self._log(499, None, "client disconnected")
+                    raise ApiError(499, "client disconnected", logged=True)
             finally:
                 gone.cancel()
         self._log(200, result)
         finish = FINISH.get(result.finish_reason or "", "stop")
         logprobs = self._logprobs(tokens) if generate.top_logprobs else None
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": logprobs, "finish_reason": finish}
+            message, called = structured.message(result)
+            if called and finish == "stop":
+                finish = "tool_calls"
+            choice = {"index": 0, "message": message, "logprobs": logprobs,
+                      "finish_reason": finish}
             return {**self._head("chat.completion"), "choices": [choice],
                     "usage": self.usage(result), **self.extra(result)}
         choice = {"index": 0, "text": result.text, "logprobs": logprobs,
@@ -351,12 +365,17 @@ class Reply:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         extra = {"usage": None} if include_usage else {}
 
+        calls = structured.StreamedCalls()
+        shown = 0  # characters of content sent
+
         def chunk(delta: str | None, finish: str | None, logprobs: Any = None,
-                  role: bool = False) -> str:
+                  role: bool = False, tool_calls: list[dict[str, Any]] | None = None) -> str:
             if self.chat:
                 content: dict[str, Any] = {"role": "assistant"} if role else {}
                 if delta is not None:
                     content["content"] = delta
+                if tool_calls:
+                    content["tool_calls"] = tool_calls
                 choice = {"index": 0, "delta": content, "logprobs": logprobs,
                           "finish_reason": finish}
             else:
@@ -372,28 +391,44 @@ class Reply:
                 async for event in events:
                     if isinstance(event, m.Token):
                         logprobs = self._logprobs([event]) if generate.top_logprobs else None
-                        if event.text or logprobs:
-                            yield chunk(event.text, None, logprobs)
+                        text = event.text if event.content is None else event.content
+                        shown += len(text)
+                        pieces = calls.deltas(event.calls) if self.chat else []
+                        if text or logprobs:
+                            yield chunk(text, None, logprobs)
+                        if pieces:
+                            yield chunk(None, None, tool_calls=pieces)
                     elif isinstance(event, m.Finished):
                         result = event.result
                     elif isinstance(event, m.Failed):
                         error = from_studio_error(event.error)
-                        self._log(error.status, None)
+                        self._log(error.status, None, error.message)
                         yield json.dumps(error.body())
                         return
                     elif isinstance(event, m.Cancelled):
-                        self._log(499, None)
+                        self._log(499, None, "cancelled")
                         return
         except ApiError as error:  # refused before it started (the queue is full)
-            self._log(error.status, None)
+            self._log(error.status, None, error.message)
             yield json.dumps(error.body())
             return
         except asyncio.CancelledError:  # the client disconnected: the engine was told
-            self._log(499, None)
+            self._log(499, None, "client disconnected")
             raise
         assert result is not None
         self._log(200, result)
-        yield chunk(None, FINISH.get(result.finish_reason or "", "stop"))
+        finish = FINISH.get(result.finish_reason or "", "stop")
+        # What the parser held back until the end (the engine's result has it all).
+        whole = result.content if result.content is not None else result.text
+        if len(whole) > shown:
+            yield chunk(whole[shown:], None)
+        if self.chat and result.tool_calls:
+            rest = calls.rest(result.tool_calls)
+            if rest:
+                yield chunk(None, None, tool_calls=rest)
+            if finish == "stop":
+                finish = "tool_calls"
+        yield chunk(None, finish)
         if include_usage:
             yield json.dumps({**self._head(kind), "choices": [], "usage": self.usage(result)})
         yield "[DONE]"
@@ -425,8 +460,17 @@ async def _until(events: AsyncIterator[m.Event], gone: asyncio.Future
 # --------------------------------------------------------------------------- errors
 
 
+COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    if request.url.path in COMPLETION_PATHS and not exc.logged:
+        # Refused before a reply existed (a bad field, an unknown model, a schema that
+        # cannot be compiled): the request log shows it too, with the reason.
+        state_of(request).record(LogEntry(
+            time.time(), request.url.path, getattr(request.state, "model", ""), "", 0, 0,
+            0.0, exc.status, 0.0, exc.message))
     return exc.response()
 
 

@@ -27,8 +27,11 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 logged: bool = False) -> None:
         super().__init__(message)
+        # Already in the server's request log (a reply logged it when it failed).
+        self.logged = logged
         self.status = status
         self.message = message
         self.param = param

@@ -2,9 +2,12 @@
 of llama-cpp-python's server: every field we support is declared with its bounds, and
 anything else is refused by name instead of being silently ignored.
 
-Fields OpenAI defines but we cannot honour (`n` other than 1, tools, penalties other
-than 0, `echo`, ...) are refused with a 400 naming the field; a few that change
-nothing (`user`, `n: 1`, zero penalties, a text response format) are accepted.
+Fields OpenAI defines but we cannot honour (`n` other than 1, penalties other than 0,
+`echo`, the legacy `functions`, ...) are refused with a 400 naming the field; a few that
+change nothing (`user`, `n: 1`, zero penalties, a text response format) are accepted.
+Tools (`tools`, `tool_choice`, `parallel_tool_calls`, `tool` messages, assistant
+`tool_calls`) and `response_format` `json_object` / `json_schema` are served: see
+docs/serving.md and `engine.formats.tool_calls`.
 """
 
 from __future__ import annotations
@@ -22,8 +25,7 @@ MAX_MESSAGES = 4096
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "n": (1, None), "presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None),
     "best_of": (1, None), "echo": (False, None), "suffix": (None, ""),
-    "parallel_tool_calls": (None, False, True), "logit_bias": (None, {}),
-    "tools": (None, []), "functions": (None, []), "tool_choice": (None, "none"),
+    "logit_bias": (None, {}), "functions": (None, []),
     "function_call": (None, "none"), "service_tier": (None, "auto", "default"),
     "store": (None, False), "metadata": (None, {}),
 }
@@ -38,10 +40,32 @@ class TextPart(Strict):
     text: str
 
 
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+CallId = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class FunctionCall(Strict):
+    name: Name
+    arguments: Annotated[str, Field(max_length=1 << 20)]
+
+
+class ToolCallIn(Strict):
+    """A call an assistant made, sent back in the conversation."""
+
+    id: CallId
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCallIn], Field(max_length=128)] | None = None
+    tool_call_id: CallId | None = None
+    # What the official client sends back of an assistant message it received.
+    refusal: str | None = None
+    annotations: list[Any] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -55,8 +79,37 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(Strict):
+    name: Name
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(Strict):
-    type: Literal["text"]
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionDef(Strict):
+    name: Name
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Strict):
+    name: Name
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
@@ -102,8 +155,8 @@ class ChatCompletionRequest(Common):
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     response_format: ResponseFormat | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: Annotated[list[ToolDef], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
@@ -115,6 +168,15 @@ class ChatCompletionRequest(Common):
             raise ValueError("the last message must not be the assistant's (we do not "
                              "continue a partial answer)")
         return messages
+
+    def choice(self) -> str | None:
+        """tool_choice as the engine's Constraint takes it (a named function: its name;
+        tools without a choice: "auto"; no tools: None)."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        if self.tool_choice is None:
+            return "auto" if self.tools else None
+        return self.tool_choice
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -129,6 +191,7 @@ class ChatCompletionRequest(Common):
 class CompletionRequest(Common):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)]
     logprobs: Annotated[int, Field(ge=0, le=5)] | None = None
+    response_format: ResponseFormat | None = None
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
