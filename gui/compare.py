@@ -8,7 +8,9 @@ controller reports (`CompareListener`).
 
 When both sides finish, the first token where they differ is marked in both texts, each
 side's speed is shown, and the engine's adapter-effect figure (the base's tokens
-teacher-forced through the variant: mean |Δ log p| per token) is stated plainly. A plot
+teacher-forced through the variant: mean |Δ log p| per token) is stated in words (none,
+small, moderate, large: how much the adapter changes the model's next-word choices on
+this answer), the figures in the summary's tooltip. A plot
 (QtCharts, `gui.widgets.logprob_chart`) shows each side's per-token log-probability,
 with the values on hover. The comparison exports as Markdown or JSON. Switching the
 variant or the backend stops a run and drops it. The variant list follows catalog
@@ -62,6 +64,7 @@ from gui.controllers.compare import (
     comparison_markdown,
     effect_scale,
     finish_text,
+    summary_details,
     summary_text,
 )
 from gui.engine_client import QtEngineClient, Reply
@@ -73,7 +76,7 @@ from gui.widgets.stream_region import StreamRegion
 
 # Older callers import these from here.
 __all__ = ["CompareView", "comparison_markdown", "effect_scale", "fence_for", "finish_text",
-           "summary_text"]
+           "summary_details", "summary_text"]
 
 TOKEN_COLOR = QColor(224, 118, 43, 150)  # the first differing token, on its own
 TAIL_COLOR = QColor(224, 118, 43, 46)  # the rest of the divergent tail, lighter
@@ -434,6 +437,7 @@ class CompareView(QWidget):
 
     def show_summary(self, text: str) -> None:
         self.summary.setText(text)
+        self.summary.setToolTip("")
 
     def side_grew(self, side: str, text: str, first: bool) -> None:
         target = self._side(side)
@@ -487,6 +491,7 @@ class CompareView(QWidget):
         self.plot.set_data(list(shown.base.logprobs), list(shown.variant.logprobs), div,
                            self.controller.token_texts())
         self.summary.setText(summary_text(shown))
+        self.summary.setToolTip(summary_details(shown))  # the figures, for experts
         self._update_buttons()
 
     # ---------------------------------------------------------------- history

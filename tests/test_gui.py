@@ -247,7 +247,7 @@ def test_compare_view_fills_both_sides_and_exports(populated: MainWindow, qtbot)
     div = result["first_divergence"]
     assert div is not None and "highlighted" in view.summary.text()
     assert "rgba(224,118,43" in view.variant_side.browser.toHtml().replace(" ", "")
-    assert f"{result['adapter_effect']:.4f}" in view.summary.text()
+    assert f"{result['adapter_effect']:.4f}" in view.summary.toolTip()  # the figure, for experts
     assert view.plot.base == result["base"]["logprobs"] and view.plot.divergence == div
     exported = json.loads(view.export_text("json"))
     assert exported["adapter_effect"] == result["adapter_effect"]

@@ -99,11 +99,30 @@ def test_the_summary_explains_the_effect_and_the_history_survives_a_switch(
     view = window.compare
     result = show(view, ["A"], ["B"], 0, effect=1.31)
     text = view.summary.text()
-    assert "1.3100 nats/token</b> at scale 1 — large" in text
-    assert "under 0.05 is small, over 0.5 large" in text and "demo variant" in text
+    # In words anyone reads: no units, no log-probabilities, no token numbers.
+    assert text == ("The answers differ from the very start (highlighted). <b>Adapter "
+                    "effect: large</b> — the adapter changes the model's next-word choices "
+                    "a lot on this answer.")
+    for jargon in ("nats", "log", "token", "|Δ"):
+        assert jargon not in text
+    # The figures for whoever wants them, in the tooltip; the scale it quotes is the
+    # one the words follow.
+    details = view.summary.toolTip()
+    assert "1.3100 nats per token at scale 1" in details and "token 0" in details
+    assert "Small under 0.05, moderate from 0.05 to 0.5, large over 0.5" in details
+    for effect, word in ((0.01, "small"), (0.049, "small"), (0.05, "moderate"),
+                         (0.49, "moderate"), (0.5, "large"), (2.21, "large"),
+                         (0.0, "none")):
+        assert f"<b>Adapter effect: {word}</b>" in summary_text(
+            replace(result, adapter_effect=effect)), effect
+    assert "part ways at the highlighted spot" in summary_text(
+        replace(result, first_divergence=3))
+    assert summary_text(replace(result, first_divergence=None)).startswith(
+        "The two answers are the same.")
     zero = replace(result, variant=replace(result.variant, adapters=(
         AdapterUse("x", "b" * 64, 0.0),)), adapter_effect=0.0)
-    assert "at scale 0: the adapter is switched off, so 0 is expected" in summary_text(zero)
+    assert "switched off (scale 0), so it changes nothing" in summary_text(zero)
+    assert "not measured" in summary_text(replace(result, adapter_effect=None))
 
     # A switch of variant (as an import or a new variant makes) keeps it in the history.
     window.catalog.add_variant("other", "smollm2-135m-instruct",

@@ -137,7 +137,7 @@ def test_import_chat_compare_inspect_and_come_back(studio_home: Path, tmp_path: 
     assert view.variant_side.text == result["variant"]["text"]
     assert result["variant"]["identity"] == identity.key
     assert result["adapter_effect"] > 0  # the adapter is really applied
-    assert f"{result['adapter_effect']:.4f}" in view.summary.text()
+    assert f"{result['adapter_effect']:.4f}" in view.summary.toolTip()  # the figure, for experts
 
     # ---- provenance and compatibility of the adapter, in the detail pane
     win.library.select("poet")
