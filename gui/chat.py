@@ -234,9 +234,12 @@ class ChatView(QWidget):
         self.copy_button = QPushButton("Copy answer")
         self.copy_button.clicked.connect(self.copy_last)
         # Elided, never wider than it is given: a long line cannot move the splitters.
+        # A line of its own under the transcript (beside the buttons it was cut at
+        # "first tok…" on a 1024 px window), the figures first.
         self.status = ElidedLabel("")
+        self.status.setAccessibleName("Last answer")
         row = QHBoxLayout()
-        row.addWidget(self.status, 1)
+        row.addStretch(1)
         for button in (self.copy_button, self.regen_button, self.stop_button,
                        self.send_button):
             row.addWidget(button)
@@ -251,6 +254,7 @@ class ChatView(QWidget):
         right_layout.addLayout(top)
         right_layout.addWidget(self.settings_box)
         right_layout.addWidget(self.transcript, 1)
+        right_layout.addWidget(self.status)
         right_layout.addLayout(editing_row)
         right_layout.addWidget(self.input)
         right_layout.addLayout(row)
@@ -321,6 +325,7 @@ class ChatView(QWidget):
             self._listing = False
         if self.conversation is not None:
             self._select_in_list(self.conversation.id)
+        self._update_buttons()  # a chat kept (or deleted) can be renamed (or not)
 
     def _fill_list(self) -> None:
         self.list_model.clear()
@@ -498,20 +503,17 @@ class ChatView(QWidget):
                                   else "font-weight:bold;color:#d23c3c")
 
     def _update_buttons(self) -> None:
-        busy = self.reply is not None
-        has_model = self.model_name is not None
-        messages = self.conversation.messages if self.conversation else ()
-        self.send_button.setEnabled(has_model and not busy)
-        self.stop_button.setEnabled(busy)
-        self.regen_button.setEnabled(not busy and any(m.role == "user" for m in messages))
-        self.copy_button.setEnabled(any(m.role == "assistant" and m.content
-                                        for m in messages))
-        self.input.setEnabled(has_model)
-        has_chat = self.conversation is not None
-        self.rename_button.setEnabled(has_chat and not busy)
-        self.export_button.setEnabled(bool(messages))
-        self.delete_button.setEnabled(has_chat and not busy)
-        self.settings_box.setEnabled(has_chat and not busy)
+        """Each button as the controller's rules say (`ChatController.actions`)."""
+        can = self.controller.actions()
+        self.send_button.setEnabled(can.send)
+        self.stop_button.setEnabled(can.stop)
+        self.regen_button.setEnabled(can.regenerate)
+        self.copy_button.setEnabled(can.copy)
+        self.input.setEnabled(can.compose)
+        self.rename_button.setEnabled(can.rename)
+        self.export_button.setEnabled(can.export)
+        self.delete_button.setEnabled(can.delete)
+        self.settings_box.setEnabled(can.settings)
 
     def stream_started(self) -> None:
         self._stream = streaming_markdown(self._dark())

@@ -195,6 +195,9 @@ class MainWindow(QMainWindow):
         # answers a describe between two tokens), not only once the answer has ended.
         self.client.generating.connect(lambda _op: self.client.describe())
         self.compare.busyChanged.connect(lambda busy: None if busy else self.client.describe())
+        # The toolbar's Stop is enabled only while something it stops runs.
+        for view in (self.chat, self.compare, self.evaluate):
+            view.busyChanged.connect(lambda _busy: self._update_stop())
         self.events.catalogChanged.connect(self._catalog_changed)
         self.library_check.status.connect(self._show_check)
         self.library_check.checked.connect(self._checked)
@@ -205,6 +208,7 @@ class MainWindow(QMainWindow):
         self.client.requestFailed.connect(self._request_failed)
 
         self._make_actions()
+        self._update_stop()
         self.refresh()
         self._restore()
         self._show_state_notices()
@@ -558,6 +562,10 @@ class MainWindow(QMainWindow):
         self.chat.stop()
         self.compare.stop()
         self.evaluate.stop()
+
+    def _update_stop(self) -> None:
+        self.act_stop.setEnabled(self.chat.reply is not None or
+                                 self.compare.reply is not None or self.evaluate.running())
 
     def open_settings(self) -> None:
         dialog = SettingsDialog(self.theme, self)

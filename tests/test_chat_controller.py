@@ -177,6 +177,56 @@ def test_moving_away_stops_the_answer_and_keeps_what_came(parts) -> None:  # noq
     assert controller.conversation.messages[-1].error == "stopped"
 
 
+def test_a_stopped_answer_keeps_its_speed_and_the_actions_follow_the_state(
+        parts) -> None:  # noqa: ANN001
+    controller, engine, listener, clock = parts
+    controller.set_model(VARIANT_NAME)
+    # A new chat is not a chat of the list yet: nothing to rename, delete or copy.
+    can = controller.actions()
+    assert can.send and can.compose and not can.stop
+    assert not (can.rename or can.delete or can.copy or can.regenerate or can.export)
+    controller.send("Tell me a story.")
+    can = controller.actions()
+    assert can.stop and not (can.send or can.copy or can.rename or can.delete)
+    clock.now += 0.5
+    engine.last.sink.tokens("main", "Once", [[1, -0.1, "Once"]])
+    clock.now += 2.0  # four more tokens in the 2 s after the first
+    engine.last.sink.tokens("main", " upon a time", [[i, -0.1, "x"] for i in range(2, 6)])
+    controller.stop()
+    engine.last.sink.cancelled()
+    stopped = controller.conversation.messages[-1]
+    assert stopped.error == "stopped" and stopped.tokens_per_second == pytest.approx(2.0)
+    assert listener.statuses[-1] == "stopped · 2.0 tok/s · 5 tokens · first token 0.50 s"
+    assert conversations.load(controller.conversation.id).messages[-1] == stopped
+    can = controller.actions()
+    assert can.copy and can.rename and can.delete and can.regenerate and not can.stop
+    # While the next answer runs, the earlier one is not offered for copying.
+    controller.send("Go on.")
+    assert not controller.actions().copy
+    engine.last.sink.finished(generation_result("The end.", VARIANT_NAME))
+    assert controller.actions().copy
+    # Moving away keeps the speed too; a single delivery is too little to tell.
+    controller.send("Again?")
+    clock.now += 1.0
+    engine.last.sink.tokens("main", "Yes", [[1, -0.1, "Yes"]])
+    clock.now += 0.5
+    engine.last.sink.tokens("main", " and no", [[2, -0.1, " and"], [3, -0.1, " no"]])
+    asked = controller.conversation.id
+    controller.set_model(BASE)
+    kept = conversations.load(asked).messages[-1]
+    assert kept.error == "stopped" and kept.tokens_per_second == pytest.approx(4.0)
+    controller.send("Hi")
+    engine.last.sink.tokens("main", "Hello", [[1, -0.1, "Hello"]])
+    controller.stop()
+    engine.last.sink.cancelled()
+    assert controller.conversation.messages[-1].tokens_per_second is None
+    assert listener.statuses[-1] == "stopped · 1 token · first token 0.00 s"
+    # Deleted: the chat on show is a new one, which cannot be deleted or renamed.
+    controller.delete()
+    can = controller.actions()
+    assert not controller.has_chat() and not can.delete and not can.rename
+
+
 def test_regenerate_and_edit_keep_versions(parts) -> None:  # noqa: ANN001
     controller, engine, _listener, _clock = parts
     controller.set_model("warm")

@@ -86,6 +86,22 @@ class ChatSettings:
     custom: bool  # the chat has settings of its own
 
 
+@dataclass(frozen=True)
+class ChatActions:
+    """Which of the chat's actions can be taken now (the view enables its buttons by
+    these; the rules are the controller's)."""
+
+    send: bool
+    stop: bool  # an answer is being generated
+    regenerate: bool
+    copy: bool  # a finished answer to copy (not while one is generated)
+    rename: bool  # a chat that is listed (kept), none being generated
+    delete: bool
+    export: bool
+    settings: bool
+    compose: bool  # the message field: a model is chosen
+
+
 def history(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
     """What an answer is asked from: the messages before it, failed answers left out."""
     return tuple(Message(m.role, m.content) for m in messages if not m.error)
@@ -119,6 +135,10 @@ class ChatController:
         self._parts: list[str] = []  # its text so far, in the pieces it came in
         self._chars = 0
         self._started = 0.0
+        # Its tokens so far (and those of its first delivery) and when the last came:
+        # a stopped answer keeps the speed it was decoding at.
+        self._tokens = self._first_tokens = 0
+        self._last_at = 0.0
         # When the last answer's first token was shown (seconds after it was asked for),
         # and when the status line was last redrawn while streaming.
         self.first_token_seconds: float | None = None
@@ -176,6 +196,24 @@ class ChatController:
         if last.error:
             parts.append(last.error)
         return "last answer: " + " · ".join(p for p in parts if p)
+
+    def has_chat(self) -> bool:
+        """Is the conversation on show a chat of the list (kept)? A new chat is not,
+        until its first message (or its own settings) is saved."""
+        return self.conversation is not None and \
+            any(c.id == self.conversation.id for c in self.listed)
+
+    def actions(self) -> ChatActions:
+        busy = self.reply is not None
+        messages = self.conversation.messages if self.conversation is not None else ()
+        listed = self.has_chat()
+        return ChatActions(
+            send=self.model_name is not None and not busy, stop=busy,
+            regenerate=not busy and any(m.role == "user" for m in messages),
+            copy=not busy and any(m.role == "assistant" and m.content for m in messages),
+            rename=listed and not busy, delete=listed and not busy,
+            export=bool(messages), settings=self.conversation is not None and not busy,
+            compose=self.model_name is not None)
 
     def message_text(self, index: int) -> str | None:
         if self.conversation is None or not 0 <= index < len(self.conversation.messages):
@@ -432,6 +470,7 @@ class ChatController:
             return
         self._sampling = request.sampling
         self._parts, self._chars = [], 0
+        self._tokens = self._first_tokens = 0
         self._started = self._clock()
         self.first_token_seconds = None
         sink = self._sink = CurrentSink(lambda: self._sink is sink, self._on_tokens,
@@ -458,17 +497,19 @@ class ChatController:
             return
         self._sink = None  # nothing it still delivers is heard
         reply.stop()
-        self._append_answer(self.stream_text, error="stopped")
-        self.listener.show_status("stopped")
+        self._stopped()
         self._finish()
 
-    def _on_tokens(self, _side: str, text: str, _tokens: list) -> None:
+    def _on_tokens(self, _side: str, text: str, tokens: list) -> None:
         self._parts.append(text)
         self._chars += len(text)
         self.listener.stream_grew(text)
         now = self._clock()
+        self._tokens += len(tokens)
+        self._last_at = now
         if self.first_token_seconds is None:
             self.first_token_seconds = now - self._started
+            self._first_tokens = self._tokens
         # Twice a second is enough for a running count, and a label's new text makes
         # every layout up to the window recompute (several ms offscreen, CPU the engine
         # needs on a small machine).
@@ -482,19 +523,41 @@ class ChatController:
         # The name asked for: the engine reports its session's, which is shared by every
         # name of one identity (two variants with the same parts).
         finish = result.finish_reason
-        self.listener.show_status(
-            f"{self.model_name} · {BACKEND_LABELS.get(result.backend, '?')} · "
-            f"{result.identity[:12]} · {result.tokens_per_second:.1f} tok/s · "
-            f"{len(result.token_ids)} tokens · "
-            + (f"first token {self.first_token_seconds:.2f} s · "
-               if self.first_token_seconds is not None else "")
-            + ("cut at max tokens" if finish == "length" else finish or ""))
+        # The figures first, the model last: a narrow window cuts the line at its end
+        # (the answer's own label names the model and its identity).
+        self.listener.show_status(" · ".join(p for p in (
+            self._speed_text(result.tokens_per_second, len(result.token_ids)),
+            "cut at max tokens" if finish == "length" else finish or "",
+            f"{self.model_name}, {BACKEND_LABELS.get(result.backend, '?')}") if p))
         self._finish()
         self.listener.answer_finished()
 
+    def _speed_text(self, tokens_per_second: float | None, tokens: int) -> str:
+        parts = [f"{tokens_per_second:.1f} tok/s" if tokens_per_second else "",
+                 f"{tokens} token{'' if tokens == 1 else 's'}" if tokens else "",
+                 f"first token {self.first_token_seconds:.2f} s"
+                 if self.first_token_seconds is not None else ""]
+        return " · ".join(p for p in parts if p)
+
+    def stopped_speed(self) -> float | None:
+        """How fast the answer being generated came so far: its tokens after the first
+        delivery (which waited for the prompt) over the time since it, None when too
+        little came to tell."""
+        if self.first_token_seconds is None:
+            return None
+        span = self._last_at - (self._started + self.first_token_seconds)
+        later = self._tokens - self._first_tokens
+        return later / span if later > 0 and span > 0 else None
+
+    def _stopped(self) -> None:
+        """Keep what came of a stopped answer, with its speed, marked stopped."""
+        speed = self.stopped_speed()
+        self._append_answer(self.stream_text, error="stopped", tokens_per_second=speed)
+        self.listener.show_status(" · ".join(
+            p for p in ("stopped", self._speed_text(speed, self._tokens)) if p))
+
     def _on_cancelled(self) -> None:
-        self._append_answer(self.stream_text, error="stopped")
-        self.listener.show_status("stopped")
+        self._stopped()
         self._finish()
 
     def _on_failed(self, message: str) -> None:
@@ -509,12 +572,14 @@ class ChatController:
         self.listener.show_conversation()
 
     def _append_answer(self, text: str, error: str | None = None,
-                       result: GenerationResult | None = None) -> None:
+                       result: GenerationResult | None = None,
+                       tokens_per_second: float | None = None) -> None:
         assert self.conversation is not None
         message = ChatMessage(
             "assistant", text, model=self.model_name,
             identity=result.identity if result else None,
-            tokens_per_second=result.tokens_per_second if result else None, error=error,
+            tokens_per_second=result.tokens_per_second if result else tokens_per_second,
+            error=error,
             backend=result.backend if result else None,
             seed=self._sampling.seed if self._sampling else None,
             finish_reason=result.finish_reason if result else None,
