@@ -14,6 +14,9 @@ is a maintained CommonMark implementation whose renderer rules are overridable.
 `render` takes `marks`: private-use characters that survive rendering, which a view
 turns into formats after the HTML is in its document (`gui.compare`).
 
+`document_html` renders the app's own documentation (Help → Documentation) with the
+same rules, its wrapped paragraphs joined and its headings anchored.
+
 `finished_length` tells which part of a text that is still arriving is made of finished
 blocks (their HTML cannot change any more), so a streaming answer renders each finished
 block once (`gui.render.StreamingMarkdown`).
@@ -47,13 +50,23 @@ class Rendered:
     code: list[str] = field(default_factory=list)  # each code block's text, in order
 
 
-def _parser() -> MarkdownIt:
-    md = MarkdownIt("commonmark", {"html": False, "breaks": True, "typographer": False})
+def _parser(breaks: bool = True) -> MarkdownIt:
+    md = MarkdownIt("commonmark", {"html": False, "breaks": breaks, "typographer": False})
     md.enable("table").enable("strikethrough")
     return md
 
 
 _MD = _parser()
+# The app's own documentation (`document_html`): its paragraphs are wrapped in the file,
+# so a line break inside one is a space, as on GitHub.
+_DOCS = _parser(breaks=False)
+SLUG_DROP = re.compile(r"[^\w\- ]")
+
+
+def slug(title: str) -> str:
+    """A heading's anchor as GitHub makes it ("Parity gate" -> "parity-gate"), so the
+    documents' links to their own sections work."""
+    return SLUG_DROP.sub("", title.strip().lower()).replace(" ", "-")
 
 
 def _highlight(code: str, language: str, dark: bool) -> str:
@@ -70,10 +83,13 @@ def _highlight(code: str, language: str, dark: bool) -> str:
 
 
 def render(text: str, dark: bool = False, first_block: int = 0,
-           copy_links: bool = True) -> Rendered:
-    """HTML for `text`; code blocks are numbered from `first_block` ("copy:N" links)."""
+           copy_links: bool = True, document: bool = False) -> Rendered:
+    """HTML for `text`; code blocks are numbered from `first_block` ("copy:N" links).
+    `document`: the app's own documentation (a line break inside a paragraph is a
+    space, and each heading is an anchor named by `slug`)."""
     result = Rendered("")
-    renderer: Any = _MD.renderer
+    md = _DOCS if document else _MD
+    renderer: Any = md.renderer
 
     def fence(tokens: list, idx: int, _options: Any, _env: Any) -> str:
         token = tokens[idx]
@@ -93,17 +109,28 @@ def render(text: str, dark: bool = False, first_block: int = 0,
 
     def image(tokens: list, idx: int, _options: Any, _env: Any) -> str:
         token = tokens[idx]
-        alt = "".join(child.content for child in token.children or []) or "image"
+        alt = "".join(" " if child.type in ("softbreak", "hardbreak") else child.content
+                      for child in token.children or []) or "image"
         return f"[{html.escape(alt)}]"
+
+    def heading_open(tokens: list, idx: int, _options: Any, _env: Any) -> str:
+        title = tokens[idx + 1].content if idx + 1 < len(tokens) else ""
+        return f"<{tokens[idx].tag}><a name='{html.escape(slug(title))}'></a>"
 
     rules = {"fence": fence, "code_block": fence, "code_inline": code_inline,
              "image": image}
+    if document:
+        rules["heading_open"] = heading_open
     saved = {name: renderer.rules.get(name) for name in rules}
     renderer.rules.update(rules)
     try:
-        body = _MD.render(text)
+        body = md.render(text)
     finally:
-        renderer.rules.update(saved)
+        for name, rule in saved.items():
+            if rule is None:
+                renderer.rules.pop(name, None)  # a token the renderer draws by default
+            else:
+                renderer.rules[name] = rule
     # Qt's rich text: <strong>/<em> work, but <b> and <i> are what older tests and
     # QTextDocument round-trips use; tables get a border to be readable.
     body = (body.replace("<strong>", "<b>").replace("</strong>", "</b>")
@@ -115,6 +142,11 @@ def render(text: str, dark: bool = False, first_block: int = 0,
 
 def markdown_html(text: str, dark: bool = False) -> str:
     return render(text, dark, copy_links=False).html
+
+
+def document_html(text: str, dark: bool = False) -> str:
+    """One of the app's documents (README.md, docs/*.md) for Help → Documentation."""
+    return render(text, dark, copy_links=False, document=True).html
 
 
 def fence_for(text: str) -> str:
