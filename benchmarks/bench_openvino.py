@@ -1,4 +1,4 @@
-"""OpenVINO engine benchmarks, each measured side by side in one run (issue 15).
+"""OpenVINO engine benchmarks, each measured side by side in one run (the OpenVINO profiles).
 
 1. Each OpenVINO profile (docs/formats.md, "Profiles": `fast` int4, `fast-int8`,
    `exact` F16 at f32) against llama.cpp on the embedded Q4_1 default, the same source.

@@ -360,7 +360,8 @@ def _train_parser(sub: Any) -> None:
     train.add_argument("--numerics", choices=("served", "float"),
                        help="served (default): train through llama.cpp's own roundings "
                        "(8-bit activations, fp16 attention); float: float32 activations, "
-                       "as adapters trained before issue 16")
+                       "as every adapter trained before served became the default "
+                       "(December 2026)")
     train.add_argument("--kl", type=float, metavar="WEIGHT",
                        help="keep the adapter close to the base on the prompts' text: "
                        "weight of a KL penalty toward the base (0, the default, is off)")

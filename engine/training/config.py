@@ -19,7 +19,7 @@ from engine.formats import naming
 # fused attn_qkv), which is the same pair for every family with separate q and v.
 DEFAULT_TARGETS = ("attn_q", "attn_v")
 # "served": the forward pass rounds where llama.cpp does (engine.training.served_math);
-# "float": float32 activations, the only arithmetic before issue 16. A provenance record
+# "float": float32 activations, the only arithmetic before December 2026. A provenance record
 # without the setting was trained with "float" (RECORD_DEFAULTS).
 NUMERICS = ("served", "float")
 # What a provenance record without a setting was trained with: records from before the

@@ -46,8 +46,9 @@ delta trained here is in llama.cpp's layout and is written to GGUF unchanged (th
 export moves llama's q/k B rows back to Hugging Face order).
 
 Numerics: "float" multiplies the dequantized weights with float32 activations (the
-trainer before issue 16, kept so older records retrain to their bytes: on a llama file
-it computes exactly what the llama-only class did, operation for operation); "served"
+trainer before served numerics, December 2026, kept so older records retrain to their
+bytes: on a llama file it computes exactly what the llama-only class did, operation for
+operation); "served"
 (engine.training.served_math) rounds where llama.cpp's CPU backend does: activations
 quantized to 8 bits before each quantized product, keys, values, queries and attention
 probabilities in fp16, RMSNorm summed in double, RoPE angles built in float as ggml
