@@ -219,7 +219,11 @@ def render_html(entry: dict[str, Any]) -> str:
     if detail:
         identity_rows = [_row(k, _identity_value(k, v)) for k, v in detail.items()
                          if k != "key"]
-        parts.append("<h3>Identity (what makes this model this model)</h3>"
+        parts.append("<h3>Identity</h3><p style='color:#888;margin:0 0 4px 0'>What "
+                     "decides how it computes an answer: the runtime, the base file, each "
+                     "adapter file with its scale, the chat template and the context size. "
+                     "Two entries with the same identity are the same model; a change to "
+                     "any of these makes another one.</p>"
                      "<table class='props'>" + "".join(identity_rows) + "</table>")
     capabilities = entry.get("capabilities")
     if capabilities:  # what this base can be used for, or exactly why not

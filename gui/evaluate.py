@@ -116,15 +116,29 @@ class EvaluateView(QWidget):
         self.chart_layout = QVBoxLayout(self.chart_box)
         self.chart_layout.setContentsMargins(0, 0, 0, 0)
         self.chart_layout.addStretch(1)
-        charts = QScrollArea()
+        self.charts_area = charts = QScrollArea()
         charts.setWidgetResizable(True)
         charts.setWidget(self.chart_box)
+        # Before a run: what to do, where the table and the charts will be.
+        self.placeholder = QLabel(
+            "<p><b>No scores yet.</b></p><p>Check the models to score on the left, choose "
+            "a data file (JSONL in the training formats, or a text file with one item per "
+            "line; selecting an adapter in the library picks its evaluation set), then "
+            "<b>Evaluate</b>.</p><p>Each model's figures appear here as soon as it is "
+            "scored: a row of the table (mean NLL per token, perplexity, exact match) and "
+            "a chart of its items.</p>")
+        self.placeholder.setObjectName("evaluate-placeholder")
+        self.placeholder.setWordWrap(True)
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setStyleSheet("color:#888;padding:24px")
 
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.addWidget(QLabel("<b>Models</b>"))
         left_layout.addWidget(self.models, 1)
+        # The names whole: the list's own headers say which are bases and variants.
+        self.models.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         right = QWidget()
         right_layout = QVBoxLayout(right)
         right_layout.setContentsMargins(0, 0, 0, 0)
@@ -143,6 +157,7 @@ class EvaluateView(QWidget):
         right_layout.addLayout(run_row)
         right_layout.addWidget(self.progress)
         right_layout.addWidget(self.status)
+        right_layout.addWidget(self.placeholder, 3)
         right_layout.addWidget(self.table, 1)
         right_layout.addWidget(charts, 2)
         splitter = QSplitter()
@@ -168,22 +183,36 @@ class EvaluateView(QWidget):
             data = self.catalog.data()
         except StudioError:
             return
-        for kind, key in (("base model", "models"), ("variant", "variants")):
+        for title, key in (("Base models", "models"), ("Variants", "variants")):
+            if not data[key]:
+                continue
+            # A heading row, not a "(base model)" after each name (it was cut first).
+            heading = QListWidgetItem(title)
+            heading.setFlags(Qt.ItemFlag.ItemIsEnabled)  # a heading: not chosen, not checked
+            font = heading.font()
+            font.setBold(True)
+            heading.setFont(font)
+            self.models.addItem(heading)
             for name in sorted(data[key], key=str.lower):
-                item = QListWidgetItem(f"{name}  ({kind})")
+                item = QListWidgetItem(name)
+                item.setToolTip(f"{name} ({'base model' if key == 'models' else 'variant'})")
                 item.setData(NameRole, name)
                 item.setFlags(item.flags() | Qt.ItemFlag.ItemIsUserCheckable)
                 item.setCheckState(Qt.CheckState.Checked if name in checked
                                    else Qt.CheckState.Unchecked)
                 self.models.addItem(item)
 
+    def _entries(self) -> list[QListWidgetItem]:
+        """The list's models (its headings apart)."""
+        return [item for item in (self.models.item(i) for i in range(self.models.count()))
+                if item.data(NameRole)]
+
     def checked(self) -> list[str]:
-        return [self.models.item(i).data(NameRole) for i in range(self.models.count())
-                if self.models.item(i).checkState() == Qt.CheckState.Checked]
+        return [item.data(NameRole) for item in self._entries()
+                if item.checkState() == Qt.CheckState.Checked]
 
     def set_checked(self, names: list[str]) -> None:
-        for i in range(self.models.count()):
-            item = self.models.item(i)
+        for item in self._entries():
             item.setCheckState(Qt.CheckState.Checked if item.data(NameRole) in names
                                else Qt.CheckState.Unchecked)
 
@@ -355,7 +384,11 @@ class EvaluateView(QWidget):
 
     def _update_buttons(self) -> None:
         busy = self.running()
-        self.run_button.setEnabled(not busy and self.models.count() > 0)
+        self.run_button.setEnabled(not busy and bool(self._entries()))
+        empty = not busy and not self.results
+        self.placeholder.setVisible(empty)
+        self.table.setVisible(not empty)
+        self.charts_area.setVisible(not empty)
         self.cancel_button.setEnabled(busy)
         for widget in (self.models, self.data, self.browse, self.backend, self.exact):
             widget.setEnabled(not busy)

@@ -681,8 +681,21 @@ class MainWindow(QMainWindow):
             self.window_state.setValue("selection", current[1])
         self.window_state.sync()
 
+    def confirm_server_stop(self) -> bool:
+        """May the window close? Asks first while the local server runs (quitting stops
+        it, and the clients using it lose it)."""
+        controller = self.server_controller
+        if not controller.running() and controller.state != "starting":
+            return True
+        where = f" at {controller.url}" if controller.url else ""
+        answer = QMessageBox.question(
+            self, "Local server running",
+            f"The local server is running{where}. Quitting stops it: the programs using "
+            "it lose their connection. Quit anyway?")
+        return answer == QMessageBox.StandardButton.Yes
+
     def closeEvent(self, event: QCloseEvent) -> None:
-        if not self.training.confirm_close(self):
+        if not self.training.confirm_close(self) or not self.confirm_server_stop():
             event.ignore()
             return
         self.save_state()

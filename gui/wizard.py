@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 from engine.catalog.store import Catalog
 from engine.catalog.wizard import ImportWizard, Step
 from engine.curated import setup
+from engine.formats.artifacts import AdapterInfo
 from engine.formats.safeio import printable
 from gui.catalog_events import CatalogEvents
 from gui.detail import ChecksModel
@@ -63,7 +64,8 @@ LABELS = {"kind": "Kind", "format": "Format", "backend": "Runtime", "rank": "Ran
           "alpha": "Alpha", "targets": "Targets", "architecture": "Architecture",
           "base_sha256": "Declared base digest", "tensors": "Tensors", "layers": "Layers",
           "dtype": "Weights", "size": "Size", "base_model_name": "Declared base model",
-          "path": "Path"}
+          "path": "Path", "adapted_tensors": "Adapted weights", "tensor_count": "Tensors",
+          "dtypes": "Weight types"}
 BACKENDS = {"llama": "llama.cpp", "openvino": "OpenVINO"}
 
 
@@ -86,6 +88,43 @@ def label(key: str) -> str:
     return LABELS.get(key, key.replace("_", " ").capitalize())
 
 
+def made_for_text(info: AdapterInfo, made_for: list[str] | tuple[str, ...]) -> str:
+    """Which base the adapter was made for, in the library's names where it has them
+    (the file's own name for its base, "Smollm2 135M 8k Lc100K Mix1 Ep2", is not one)."""
+    named = f"“{printable(info.base_name, 80)}”" if info.base_name else ""
+    if made_for:
+        how = ("the file declares this base's digest" if info.base_sha256
+               else f"by the base's model name {named}; its digest is not declared")
+        return f"{', '.join(made_for)} ({how})"
+    if info.base_sha256:
+        return (f"a base that is not in your library (digest "
+                f"{printable(info.base_sha256, 12)}…{', named ' + named if named else ''})")
+    if named:
+        return (f"a base named {named}; none in your library has that name (its digest is "
+                "not declared)")
+    return "not declared: the check against each base below decides"
+
+
+def summary_rows(info: AdapterInfo, made_for: list[str] | tuple[str, ...]) -> list[tuple[str, str]]:
+    """The summary page's rows: what the file holds, its targets on one line (the
+    projections it adapts; a PEFT config's own module names beside them when they
+    differ), and the base it was made for in the library's names."""
+    meta = info.summary()
+    rows = []
+    for key, value in meta.items():
+        if key in ("target_shapes", "target_modules", "expected_base_name",
+                   "expected_base_sha256"):
+            continue
+        text = human(key, value)
+        if key == "targets":
+            declared = [m for m in meta.get("target_modules") or [] if m not in value]
+            if declared:
+                text += f" (adapter_config.json: {human(key, declared)})"
+        rows.append((label(key), text))
+    rows.append(("Made for", made_for_text(info, made_for)))
+    return rows
+
+
 class ImportDialog(QDialog):
     stepReady = Signal()  # a step's background work ended: applied, failed or stopped
     addModelRequested = Signal(str)  # the file is a base model: add it as one
@@ -103,6 +142,7 @@ class ImportDialog(QDialog):
         self.step_task: Task | None = None  # inspection or validation of this step
         self._step_label = ""
         self._inspecting = ""  # the path last given to inspection
+        self._next_when_read = False  # Enter in the path field: Next once it is read
 
         self.title = QLabel()
         self.title.setStyleSheet("font-size:15px;font-weight:bold")
@@ -112,6 +152,10 @@ class ImportDialog(QDialog):
         self.path.setPlaceholderText("A GGUF LoRA, a .safetensors file, or a PEFT folder — "
                                      "or drop it here")
         self.path.editingFinished.connect(self._path_edited)
+        # Enter goes on to the next page: at once when the path was read already (the
+        # dialog's default button, Next), else once it has been read.
+        self.path.returnPressed.connect(self._path_entered)
+        self.path.textEdited.connect(lambda _text: setattr(self, "_next_when_read", False))
         # A typed path is checked as typed, once the typing pauses (not only on Enter).
         self.typing = QTimer(self)
         self.typing.setSingleShot(True)
@@ -230,6 +274,11 @@ class ImportDialog(QDialog):
         if self.path.text().strip() != self._inspecting:
             self._set_path(self.path.text())
 
+    def _path_entered(self) -> None:
+        self._path_edited()
+        if self.step_task is not None and self.state.step == Step.PICK:
+            self._next_when_read = True
+
     def _add_as_model(self) -> None:
         path = str(self.state.path) if self.state.path else ""
         self.reject()
@@ -317,6 +366,10 @@ class ImportDialog(QDialog):
         if apply is None:
             self.blocker.setText(f"<span style='color:#d23c3c'>{html.escape(self._step_label)}"
                                  f" {html.escape(str(result))}</span>")
+        elif self._next_when_read and self.state.step == Step.PICK and \
+                self.state.can_advance():
+            self.next()
+        self._next_when_read = False
         self.stepReady.emit()
 
     def _preselect_base(self) -> None:
@@ -377,11 +430,10 @@ class ImportDialog(QDialog):
             self.summary.setHtml(f"<p style='color:#d23c3c'><b>This file cannot be imported."
                                  f"</b><br>{html.escape(s.error)}</p>")
         elif s.info is not None:
-            meta = s.info.summary()
             rows = "".join(
-                f"<tr><td style='color:#888;padding-right:12px'>{html.escape(label(k))}</td>"
-                f"<td>{html.escape(printable(human(k, v), 200))}</td></tr>"
-                for k, v in meta.items() if k != "target_shapes")
+                f"<tr><td style='color:#888;padding-right:12px'>{html.escape(k)}</td>"
+                f"<td>{html.escape(printable(v, 200))}</td></tr>"
+                for k, v in summary_rows(s.info, s.made_for))
             heading = html.escape(printable(Path(s.info.path).name))
             self.summary.setHtml(f"<p><b>{heading}</b></p><table>{rows}</table>")
         self.bases.blockSignals(True)

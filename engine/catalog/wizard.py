@@ -56,6 +56,7 @@ class Inspection:
     source: str = ""
     choices: tuple[BaseChoice, ...] = ()
     base_model: bool = False  # the file is a base model (the window offers to add it)
+    made_for: tuple[str, ...] = ()  # the catalog's bases the file says it was made for
 
 
 @dataclass
@@ -67,6 +68,10 @@ class ImportWizard:
     error: str | None = None
     base_model: bool = False  # the chosen file is a base model, not an adapter
     choices: list[BaseChoice] = field(default_factory=list)
+    # The catalog's names of the base the file declares (by digest, else by the base
+    # file's own model name): the file's name for it ("Smollm2 135M 8k Lc100K Mix1
+    # Ep2") is not what the library calls it.
+    made_for: list[str] = field(default_factory=list)
     base: str | None = None
     report: validation.Report | None = None
     acknowledged: bool = False
@@ -98,8 +103,9 @@ class ImportWizard:
                               f"({found.architecture}), not an adapter; add it as a model "
                               "instead", base_model=True)
         stem = path.stem if path.is_file() else path.name
+        choices = tuple(self._rank_bases(found, progress, cancelled))
         return Inspection(path, found, None, _suggest_name(stem, self.catalog), str(path),
-                          tuple(self._rank_bases(found, progress, cancelled)))
+                          choices, made_for=self._made_for(found))
 
     def apply_inspection(self, found: Inspection) -> None:
         """Make `found` the wizard's file (what `set_path` does after inspecting)."""
@@ -107,6 +113,7 @@ class ImportWizard:
         self.base_model = found.base_model
         self.base, self.report, self.acknowledged = None, None, False
         self.choices = list(found.choices)
+        self.made_for = list(found.made_for)
         if found.info is not None:
             self.name, self.source = found.name, found.source
 
@@ -134,6 +141,25 @@ class ImportWizard:
                 choices.append(BaseChoice(record["name"], record["backend"], False,
                                           exc.message))
         return sorted(choices, key=lambda c: (not c.compatible, c.name))
+
+    def _made_for(self, info: AdapterInfo) -> tuple[str, ...]:
+        """The catalog's bases the adapter declares: those whose digest it names, else
+        (no digest declared) those whose file carries the model name it names (read
+        from the file's header, memoised: `_rank_bases` read them already)."""
+        records = self.catalog.data()["models"].values()
+        if info.base_sha256:
+            return tuple(sorted(r["name"] for r in records
+                                if r["sha256"] == info.base_sha256))
+        if not info.base_name:
+            return ()
+        found = []
+        for record in records:
+            try:
+                if self.catalog.base_info(record).name == info.base_name:
+                    found.append(record["name"])
+            except StudioError:  # a file gone or changed: `_rank_bases` says so
+                continue
+        return tuple(sorted(found))
 
     def choose_base(self, name: str) -> None:
         self.apply_report(name, self.validate(name))
