@@ -275,12 +275,7 @@ def execute(request: TrainRequest, emit: Emit, cancelled: Callable[[], bool]) ->
     checks = check_as_served(model_path, run_dir / ADAPTER_FILE, model, config.threads, emit,
                              cancelled)
     record = {
-        "format": provenance.FORMAT,
-        "adapter_sha256": files["gguf"]["sha256"],
-        "adapter_files": files,
-        "base_sha256": base["sha256"],
-        "base": {"name": base["name"], "file": model_path.name, "model_name": info.name,
-                 "sha256": base["sha256"]},
+        **record_head(files, base, model_path, info.name),
         "data_sha256": data.sha256,
         "data": {**data.summary(), "path": str(Path(request.data))},
         "kl_text": None if kl_text is None else {**kl_text.summary(),
@@ -393,6 +388,19 @@ def attach_openvino(catalog: Catalog, name: str, base: str, files: dict[str, Any
     entry = imports.convert_adapter(catalog, name, "openvino", counterpart)
     return {"attached": True, "base": counterpart, "sha256": entry["sha256"],
             "same_tensors_as_export": entry["sha256"] == files["peft"]["sha256"]}
+
+
+def record_head(files: dict[str, Any], base: dict[str, Any], model_path: Path,
+                model_name: str) -> dict[str, Any]:
+    """What every run's provenance record begins with: the adapter files and the base."""
+    return {
+        "format": provenance.FORMAT,
+        "adapter_sha256": files["gguf"]["sha256"],
+        "adapter_files": files,
+        "base_sha256": base["sha256"],
+        "base": {"name": base["name"], "file": model_path.name, "model_name": model_name,
+                 "sha256": base["sha256"]},
+    }
 
 
 def write_adapter_files(run_dir: Path, weights: lora_io.LoraWeights, n_head: int,

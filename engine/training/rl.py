@@ -431,12 +431,7 @@ def execute(request: RLRequest, emit: Emit, cancelled: Callable[[], bool]) -> di
                                  config.threads, emit, cancelled)
     rounds = loop.records
     record = {
-        "format": provenance.FORMAT,
-        "adapter_sha256": files["gguf"]["sha256"],
-        "adapter_files": files,
-        "base_sha256": base["sha256"],
-        "base": {"name": base["name"], "file": model_path.name, "model_name": info.name,
-                 "sha256": base["sha256"]},
+        **job.record_head(files, base, model_path, info.name),
         "data_sha256": prepared.prompts_sha256,
         "data": {"file": Path(request.prompts).name, "path": request.prompts,
                  "sha256": prepared.prompts_sha256, "examples": len(prompts),
