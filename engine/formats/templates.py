@@ -4,22 +4,27 @@ A chat template comes from the model file, so it is untrusted code: it renders i
 jinja2's ImmutableSandboxedEnvironment (no attribute access to Python internals, no
 mutation of the values we pass in), with a deadline and a call-depth limit enforced
 by a trace hook (a template loop that never ends, or nesting that would reach Python's
-recursion limit, is stopped), a cap on the output size, a cap on the
-memory it may claim (the process's address-space limit is lowered for the duration
-of the render, so a string doubled forty times fails with MemoryError instead of
-taking the machine down), and any failure reported as a TemplateError with the
-template's own message.
+recursion limit, is stopped), a cap on the output size, a cap on the memory it may
+claim, and any failure reported as a TemplateError with the template's own message.
+
+The memory cap touches nothing process-wide (lowering RLIMIT_AS would also fail the
+allocations of every other thread of the process while a render runs): the trace hook
+reads the process's resident memory every few milliseconds and stops a render that grew it
+by more than MEMORY_HEADROOM (a string doubled in a loop), and the operations that can
+claim unbounded memory in one C call, where no hook runs (`'x' * n`, `'x'.ljust(n)`,
+`'%999999999s' % x`, `replace` on many matches, the `center`/`indent`/`format`
+filters), are sized before they run and refused past MAX_OUTPUT_CHARS.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import json
 import os
+import re
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +38,9 @@ from engine.wire import OMIT_NONE
 MAX_TEMPLATE_CHARS = 256 << 10
 MAX_OUTPUT_CHARS = 4 << 20
 DEADLINE_SECONDS = 2.0
-MEMORY_HEADROOM = 256 << 20  # bytes of address space a render may add
+MEMORY_HEADROOM = 64 << 20  # bytes of resident memory a render may add (the output cap
+# is 4 Mi characters: 16 MiB at most as a Python string)
+MEMORY_CHECK_SECONDS = 0.002  # between two reads of the resident memory
 MAX_CALL_DEPTH = 500  # Python frames a render may add (the parser uses ~12 per nesting level)
 ROLES = ("system", "user", "assistant")
 # A prompt may also carry tool results (`engine.formats.tool_calls`); training data and
@@ -101,11 +108,14 @@ class _Guard:
     them well before that, with a clear reason.
     """
 
-    def __init__(self, seconds: float, max_depth: int) -> None:
+    def __init__(self, seconds: float, max_depth: int, memory: _Resident) -> None:
         self.deadline = time.monotonic() + seconds
         self.max_depth = max_depth
         self.depth = 0
         self.compiling = True
+        self.memory = memory
+        self.memory_limit = memory.now() + MEMORY_HEADROOM
+        self.next_memory_check = 0.0
 
     def __call__(self, frame: Any, event: str, arg: Any) -> Any:
         if event == "call":
@@ -115,8 +125,13 @@ class _Guard:
                                     if self.compiling else "chat template recursed too deeply")
         elif event == "return":
             self.depth -= 1
-        if time.monotonic() > self.deadline:
+        now = time.monotonic()
+        if now > self.deadline:
             raise TemplateError(f"chat template did not finish within {DEADLINE_SECONDS:g} s")
+        if now >= self.next_memory_check:
+            self.next_memory_check = now + MEMORY_CHECK_SECONDS
+            if self.memory.now() > self.memory_limit:
+                raise MemoryError  # reported as "used too much memory"
         return self
 
 
@@ -128,10 +143,94 @@ def _depth_budget() -> int:
     return max(50, min(MAX_CALL_DEPTH, sys.getrecursionlimit() - depth - 200))
 
 
-class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """Bounds the two operators that can do unbounded work inside one C call."""
+class _Resident:
+    """The process's resident memory in bytes, from /proc/self/statm (0 where there is
+    none: the output cap and the size checks still hold)."""
 
-    intercepted_binops = frozenset(["*", "**"])
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+    def now(self) -> int:
+        if self._fd is None:
+            return 0
+        return int(os.pread(self._fd, 128, 0).split()[1]) * self._page
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+_WIDTH = re.compile(r"\d+")
+
+
+def _too_large(size: int) -> None:
+    if size > MAX_OUTPUT_CHARS:
+        raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
+
+
+def _check_sizes(args: Sequence[Any]) -> None:
+    """No size argument (a width, a count, a tab size) beyond the output cap."""
+    for value in args:
+        if isinstance(value, int) and not isinstance(value, bool):
+            _too_large(abs(value))
+        elif isinstance(value, str):
+            # A width inside a format string ('%999999999s', '{:>999999999}').
+            for digits in _WIDTH.findall(value):
+                _too_large(int(digits) if len(digits) < 12 else MAX_OUTPUT_CHARS + 1)
+
+
+def _check_growth(obj: Any, name: str, args: Sequence[Any]) -> None:
+    """The result size of the string methods that can grow a string in one C call."""
+    if not isinstance(obj, str):
+        return
+    if name == "replace" and len(args) >= 2 and isinstance(args[0], str) \
+            and isinstance(args[1], str):
+        matches = obj.count(args[0]) if args[0] else len(obj) + 1
+        _too_large(len(obj) + matches * max(0, len(args[1]) - len(args[0])))
+    elif name == "expandtabs":
+        size = args[0] if args and isinstance(args[0], int) else 8
+        _too_large(len(obj) + obj.count("\t") * max(0, size))
+    elif name in ("format", "format_map"):
+        _check_sizes([obj])
+
+
+def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """A filter whose size arguments are checked before it runs (`functools.wraps` keeps
+    the attributes that tell jinja which context to pass)."""
+
+    @functools.wraps(function)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        values = [*args, *kwargs.values()]
+        _check_sizes([v for v in values if not isinstance(v, str)])
+        strings = [v for v in args if isinstance(v, str)]
+        if name == "format" and strings:
+            _check_sizes(strings[:1])  # the format string: `'%999999999s' | format(x)`
+        if name == "replace" and len(strings) >= 3:
+            _check_growth(strings[0], "replace", strings[1:3])
+        return function(*args, **kwargs)
+
+    return bounded
+
+
+# Filters that take a size (or a format string) and build a string from it.
+_SIZED_FILTERS = ("center", "indent", "format", "wordwrap", "truncate", "replace")
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """Sizes, before they run, the operations that can claim unbounded memory in one C
+    call (see the module docstring)."""
+
+    intercepted_binops = frozenset(["*", "**", "%"])
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        for name in _SIZED_FILTERS:
+            self.filters[name] = _bounded_filter(name, self.filters[name])
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**":
@@ -139,44 +238,25 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
                     left.bit_length() * abs(right) > 1 << 20):
                 raise TemplateError("chat template computes an absurd power")
             return left**right
+        if operator == "%":
+            if isinstance(left, str):
+                _check_sizes([left, *(right if isinstance(right, tuple) else (right,))])
+            return left % right
         for seq, count in ((left, right), (right, left)):
             if (isinstance(seq, str | list | tuple) and isinstance(count, int)
                     and len(seq) * count > MAX_OUTPUT_CHARS):
                 raise TemplateError(f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
         return left * right
 
-
-_rlimit_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _memory_cap(headroom: int) -> Iterator[None]:
-    """Lower RLIMIT_AS to the current address space plus `headroom` while rendering.
-
-    Single C calls ('x'.ljust(10**9), a string doubled in a loop) cannot be stopped
-    by the trace hook; with the limit they raise MemoryError instead. Where the
-    platform has no RLIMIT_AS or /proc/self/statm, rendering runs without this cap.
-    """
-    try:
-        import resource
-
-        with open("/proc/self/statm", encoding="ascii") as handle:
-            current = int(handle.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    except (ImportError, OSError, ValueError, AttributeError):
-        yield
-        return
-    limit = current + headroom
-    if (soft != resource.RLIM_INFINITY and soft <= limit) or (
-            hard != resource.RLIM_INFINITY and hard < limit):
-        yield  # an existing limit is already tighter
-        return
-    with _rlimit_lock:  # one capped render at a time per process
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-        try:
-            yield
-        finally:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    def call(self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        # The sandbox hands `str.format` over wrapped (its safe formatter); the method
+        # itself is `__wrapped__`.
+        method = getattr(__obj, "__wrapped__", __obj)
+        owner = getattr(method, "__self__", None)
+        if isinstance(owner, str | list | tuple):
+            _check_sizes([*args, *kwargs.values()])
+            _check_growth(owner, getattr(method, "__name__", ""), args)
+        return super().call(__context, __obj, *args, **kwargs)
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
@@ -224,21 +304,22 @@ def render(
     pieces: list[str] = []
     size = 0
     previous = sys.gettrace()
+    memory = _Resident()
     try:
-        with _memory_cap(MEMORY_HEADROOM):
-            guard = _Guard(deadline, _depth_budget())
-            sys.settrace(guard)
-            try:
-                compiled = _compile(env, template)
-                guard.compiling = False
-                for piece in compiled.generate(context):
-                    size += len(piece)
-                    if size > MAX_OUTPUT_CHARS:
-                        raise TemplateError(
-                            f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
-                    pieces.append(piece)
-            finally:
-                sys.settrace(previous)
+        guard = _Guard(deadline, _depth_budget(), memory)
+        sys.settrace(guard)
+        try:
+            compiled = _compile(env, template)
+            guard.compiling = False
+            for piece in compiled.generate(context):
+                size += len(piece)
+                if size > MAX_OUTPUT_CHARS:
+                    raise TemplateError(
+                        f"chat template output exceeds {MAX_OUTPUT_CHARS} chars")
+                pieces.append(piece)
+        finally:
+            sys.settrace(previous)
+            memory.close()
     except TemplateError:
         raise
     except jinja2.exceptions.SecurityError as exc:
@@ -255,7 +336,7 @@ def render(
 
 
 def _compile(env: ImmutableSandboxedEnvironment, template: str) -> jinja2.Template:
-    """Parse and compile under the render's deadline and memory cap.
+    """Parse and compile under the render's deadline and memory watch.
 
     Jinja's parser recurses once per nesting level: `{{ ((((...1)))) }}` or a few
     hundred nested `{% if %}` raise RecursionError while compiling, before any
