@@ -105,6 +105,7 @@ def test_the_summary_explains_the_effect_and_the_history_survives_a_switch(
                     "a lot on this answer.")
     for jargon in ("nats", "log", "token", "|Δ"):
         assert jargon not in text
+        assert jargon not in view.plot.x_axis.titleText() + view.plot.y_axis.titleText()
     # The figures for whoever wants them, in the tooltip; the scale it quotes is the
     # one the words follow.
     details = view.summary.toolTip()

@@ -34,9 +34,11 @@ SIDES = ("base", "variant")
 # The adapter effect (mean |Δ log p| per token of the base's tokens under the variant,
 # in nats) in words: under SMALL_EFFECT small, under LARGE_EFFECT moderate, else large.
 # The shipped demo variant at scale 1 is large on the tool-call requests it was trained
-# for: 0.72 to 2.21 measured on its requests (typed ones and held-out ones), with no
-# bound claimed beyond "large"; a range quoted to the user was contradicted by the next
-# prompt (issue 28), so none is.
+# for: 0.95 to 1.56 on five typed ones (`variant-studio compare tool-calls --chat`, 64
+# tokens, greedy), and over 0.5 on the other prompts tried (a poem 0.59, "What is the
+# capital of France?" 2.51; a user saw 0.72 and 2.21). The numeric range once quoted to
+# the user ("about 0.9-2.1") was contradicted by the next prompts, so none is quoted:
+# only "large", which every one of these figures is.
 SMALL_EFFECT, LARGE_EFFECT = 0.05, 0.5
 EFFECT_WORDS = {
     "none": "the adapter changes nothing in the model's next-word choices here",

@@ -24,8 +24,10 @@ class LogprobChart(ChartView):
     index on x, 0 at the top), a dashed line at the first divergence."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__("run a comparison to see per-token log-probabilities",
-                         "token", "log p", parent)
+        # In words on the plot itself; the figures' names (log-probability per token)
+        # in its tooltip and on hover.
+        super().__init__("run a comparison to see how sure each side was of each word",
+                         "position in the answer", "how sure (higher: surer)", parent)
         self.setMinimumHeight(220)
         self.setRubberBand(QChartView.RubberBand.HorizontalRubberBand)
         self.setToolTip("log-probability of each chosen token (higher = more confident); "
