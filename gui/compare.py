@@ -24,7 +24,8 @@ is shaded lighter: the texts are rendered with private-use marker characters aro
 those places (`gui.render.marked_markdown`), and the markers are turned into formats
 once the HTML is in the document (so a mark can cross paragraphs and code blocks). Each
 side says how it ended (a side cut at max tokens says so). Recent comparisons are kept
-(this session, newest first) so an import, a new variant or a switch does not lose one.
+(newest first, across restarts) so an import, a new variant, a switch or a restart does
+not lose one, and a variant chosen again shows its latest comparison.
 """
 
 from __future__ import annotations
@@ -247,7 +248,8 @@ class CompareView(QWidget):
         self.export_json = QPushButton("Export JSON…")
         self.export_json.clicked.connect(lambda: self._export("json"))
         QShortcut(QKeySequence("Ctrl+Return"), self.prompt, activated=self.run)
-        # Recent comparisons (this session): an import or a switch does not lose one.
+        # Recent comparisons (kept across restarts): an import or a switch does not lose
+        # one.
         self.recent = QComboBox()
         self.recent.setToolTip("Recent comparisons: choose one to show it again")
         self.recent.setAccessibleName("Recent comparisons")
@@ -320,6 +322,8 @@ class CompareView(QWidget):
         layout.addWidget(self.split, 1)
 
         events.catalogChanged.connect(self._catalog_changed)
+        if self.controller.history:  # kept by an earlier run
+            self.show_history()
         self.set_variants(self.controller.variants())
 
     # ---------------------------------------------------------------- the controller's state

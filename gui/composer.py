@@ -2,7 +2,10 @@
 
 Scales are edited with a slider and a spin box kept in step and range-checked; the
 identity key preview updates live, so the user sees that order and scale make a
-different model before saving. Saving announces the variant (`CatalogEvents`).
+different model before saving. When an adapter listed was trained with a system prompt
+(its training run's provenance records it), the composer offers that prompt: the
+variant answers as the adapter was trained to when it has it. Saving announces the
+variant (`CatalogEvents`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from PySide6.QtWidgets import (
 from engine.catalog import resolve, validation
 from engine.catalog.profiles import DEFAULT_PROFILE
 from engine.catalog.store import AdapterSpec, Catalog
+from engine.curated import demo
 from engine.errors import StudioError
 from gui.catalog_events import CatalogEvents
 
@@ -121,6 +125,20 @@ class ComposerDialog(QDialog):
 
         self.system = QPlainTextEdit(profile["system_prompt"])
         self.system.setMaximumHeight(80)
+        # The system prompt an adapter listed was trained with, offered (`_update_offer`).
+        self.offer = QLabel()
+        self.offer.setWordWrap(True)
+        self.offer.setTextFormat(Qt.TextFormat.PlainText)
+        self.use_offer = QPushButton("Use this prompt")
+        self.use_offer.clicked.connect(self._use_offer)
+        self.offer_row = QWidget()
+        offer_layout = QHBoxLayout(self.offer_row)
+        offer_layout.setContentsMargins(0, 0, 0, 0)
+        offer_layout.addWidget(self.offer, 1)
+        offer_layout.addWidget(self.use_offer, 0, Qt.AlignmentFlag.AlignTop)
+        self.offer_row.hide()
+        self.offered: str | None = None  # the prompt offered now
+        self.system.textChanged.connect(self._update_offer)
         self.n_ctx = QSpinBox()
         self.n_ctx.setRange(256, 131072)
         self.n_ctx.setSingleStep(256)
@@ -134,6 +152,7 @@ class ComposerDialog(QDialog):
         profile_group = QGroupBox("Profile")
         form = QFormLayout(profile_group)
         form.addRow("System prompt", self.system)
+        form.addRow("", self.offer_row)
         form.addRow("Context size", self.n_ctx)
         for label, widget in (("Temperature", self.temperature), ("Top-p", self.top_p),
                               ("Top-k", self.top_k), ("Repeat penalty", self.repeat),
@@ -249,6 +268,38 @@ class ComposerDialog(QDialog):
         self.save_button.setEnabled(problem is None)
         if hasattr(self, "add_button"):
             self._update_add()
+        self._update_offer()
+
+    def trained_prompt(self) -> tuple[str, str] | None:
+        """(adapter, prompt): the first adapter listed that was trained with a system
+        prompt, and that prompt."""
+        try:
+            adapters = self.catalog.data()["adapters"]
+        except StudioError:
+            return None
+        for spec in self.specs():
+            record = adapters.get(spec.name)
+            prompt = demo.trained_system_prompt(record) if record else None
+            if prompt:
+                return spec.name, prompt
+        return None
+
+    def _update_offer(self) -> None:
+        found = self.trained_prompt()
+        self.offered = (found[1] if found and self.system.toPlainText() != found[1]
+                        else None)
+        if found and self.offered:
+            short = " ".join(self.offered.split())
+            if len(short) > 160:
+                short = short[:159] + "…"
+            self.offer.setText(f"{found[0]} was trained with this system prompt: “{short}” "
+                               "It answers as trained when the variant has it too.")
+            self.offer.setToolTip(self.offered)
+        self.offer_row.setVisible(self.offered is not None)
+
+    def _use_offer(self) -> None:
+        if self.offered is not None:
+            self.system.setPlainText(self.offered)
 
     def _problem(self) -> str | None:
         if not self.rows:

@@ -79,6 +79,7 @@ class Banner(QFrame):
         self.retry = QPushButton("Restart engine")
         self.dismiss = QPushButton("Dismiss")
         self.dismiss.clicked.connect(self.hide)
+        self.topic = ""  # what is shown, when it has a name (`show_message`)
         layout = QHBoxLayout(self)
         layout.addWidget(self.label, 1)
         layout.addWidget(self.retry)
@@ -92,7 +93,9 @@ class Banner(QFrame):
                 "#banner QLabel{color:#5a3a00}",
     }
 
-    def show_message(self, text: str, kind: str = "error") -> None:
+    def show_message(self, text: str, kind: str = "error", topic: str = "") -> None:
+        """`topic` names what is shown ("welcome"), for whoever hears of a dismissal."""
+        self.topic = topic
         self.setStyleSheet(self.STYLES[kind])
         self.retry.setVisible(kind == "error")
         self.label.setText(text)
@@ -153,6 +156,7 @@ class MainWindow(QMainWindow):
         self.splitter.setChildrenCollapsible(False)
         self.banner = Banner()
         self.banner.retry.clicked.connect(self.restart_engine)
+        self.banner.dismiss.clicked.connect(self._banner_dismissed)
         central = QWidget()
         layout = QVBoxLayout(central)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -606,20 +610,35 @@ class MainWindow(QMainWindow):
                 "and conversations are safe. The engine restarts with the next request.")
 
     def _show_state_notices(self) -> None:
-        """State files that were unreadable at start were set aside: say so. On the
-        first run, a welcome that points at the demo variant and the comparison."""
+        """State files that were unreadable at start were set aside: say so. Else a
+        welcome that points at the demo variant and the comparison, at every start until
+        it is dismissed or a comparison has been made (`welcome_due`)."""
         notes = statefile.take_notices()
         if notes:
             self.banner.show_message(
                 "<b>Some saved state could not be read and was set aside</b> (nothing was "
                 "deleted):<br>" + "<br>".join(html.escape(n) for n in notes), kind="info")
-        elif self.first_run and demo.VARIANT_NAME in self.catalog.data()["variants"]:
+        elif self.welcome_due():
             self.banner.show_message(
                 f"<b>Welcome to Variant Studio.</b> Start with the demo variant "
                 f"<b>{demo.VARIANT_NAME}</b> (the bundled model with an adapter trained "
                 "to answer with JSON tool calls): chat with it (Ctrl+2), then compare it "
                 "with its base (Ctrl+K) to see the first token where the adapter changes "
-                "the answer. Import your own adapter with Ctrl+I.", kind="info")
+                "the answer. Import your own adapter with Ctrl+I.", kind="info",
+                topic="welcome")
+
+    def welcome_due(self) -> bool:
+        """The welcome is shown until the user dismisses it or has made a comparison
+        (the step it leads to: the recent comparisons are kept), while the demo variant
+        it points at is there."""
+        return (self.window_state.value("welcome") != "dismissed"
+                and not self.compare.history
+                and demo.VARIANT_NAME in self.catalog.data()["variants"])
+
+    def _banner_dismissed(self) -> None:
+        if self.banner.topic == "welcome":
+            self.window_state.setValue("welcome", "dismissed")
+            self.window_state.sync()
 
     def _described(self, info: EngineStatus) -> None:
         self.resident_label.setText(

@@ -17,6 +17,7 @@ not, by itself, a request to listen on a port at the next start (the panel says 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import secrets
@@ -24,7 +25,7 @@ import shlex
 import time
 from typing import Any
 
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QGuiApplication, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -51,10 +52,12 @@ from engine.catalog.store import Catalog
 from engine.errors import StudioError
 from engine.serve.app import LogEntry
 from engine.serve.config import DEFAULT_HOST, DEFAULT_PORT, ServeConfig, is_loopback
+from engine.state import recent
 from gui.catalog_events import CatalogEvents, touches
 from gui.controllers.server import ServerController
 
-LOG_ROWS = 500
+LOG_ROWS = recent.REQUESTS
+LOG_SAVE_MS = 1000  # new log rows are written this long after they arrive, together
 COLUMNS = ("time", "model", "identity", "prompt", "completion", "tok/s", "status")
 HOSTS = (("127.0.0.1", "127.0.0.1 — this computer only"),
          ("0.0.0.0", "0.0.0.0 — every network interface (needs a key)"))
@@ -91,6 +94,23 @@ def python_example(base_url: str, model: str, key: str | None) -> str:
         f"    messages=[{{\"role\": \"user\", \"content\": {json.dumps(EXAMPLE_MESSAGE)}}}])",
         "print(answer.choices[0].message.content)",
     ])
+
+
+def log_entry(item: dict[str, Any]) -> LogEntry | None:
+    """A kept log row as the server reported it; None when it does not read as one."""
+    known = {f.name for f in dataclasses.fields(LogEntry)}
+    values = {k: v for k, v in item.items() if k in known}
+    numbers = ("time", "prompt_tokens", "completion_tokens", "tokens_per_second", "status",
+               "seconds")
+    if (any(not isinstance(values.get(k), int | float) or isinstance(values.get(k), bool)
+            for k in numbers)
+            or any(not isinstance(values.get(k, ""), str)
+                   for k in ("path", "model", "identity", "reason"))):
+        return None
+    try:
+        return LogEntry(**values)
+    except TypeError:
+        return None
 
 
 class ServerPanel(QWidget):
@@ -203,8 +223,16 @@ class ServerPanel(QWidget):
         self.log_view.horizontalHeader().setStretchLastSection(True)
         self.log_view.setWordWrap(False)
         self.clear_log = QPushButton("Clear")
-        self.clear_log.clicked.connect(lambda: self.log_model.removeRows(
-            0, self.log_model.rowCount()))
+        self.clear_log.clicked.connect(self.clear_requests)
+        # The log is kept across restarts (engine.state.recent): an earlier run's rows
+        # are shown again, and new rows are written together a moment after they arrive
+        # (a client sending many requests costs one write, not one each) and at quit.
+        self.kept_log = recent.requests()
+        self._unsaved: list[LogEntry] = []
+        self._save_timer = QTimer(self)
+        self._save_timer.setSingleShot(True)
+        self._save_timer.setInterval(LOG_SAVE_MS)
+        self._save_timer.timeout.connect(self.save_log)
         log_box = QGroupBox("Requests")
         log_layout = QVBoxLayout(log_box)
         log_layout.addWidget(self.log_view, 1)
@@ -233,6 +261,7 @@ class ServerPanel(QWidget):
         self.autostart.toggled.connect(lambda on: self._save(autostart=on))
         controller.stateChanged.connect(self._state_changed)
         controller.requestLogged.connect(self.add_log_row)
+        self._show_kept_log()
         events.catalogChanged.connect(self._catalog_changed)
         self.reload_models()
         self._settings_changed()
@@ -307,8 +336,10 @@ class ServerPanel(QWidget):
             os.chmod(s.fileName(), 0o600)
 
     def record_running(self) -> None:
-        """At quit: remember whether it was running (shown, not acted on, next time)."""
+        """At quit: remember whether it was running (shown, not acted on, next time),
+        and the log rows not written yet."""
         self._save(running=self.controller.running())
+        self.save_log()
 
     # ---------------------------------------------------------------- models
 
@@ -469,6 +500,41 @@ class ServerPanel(QWidget):
     # ---------------------------------------------------------------- log
 
     def add_log_row(self, entry: LogEntry) -> None:
+        """A request served (or refused): shown, and kept for the next start."""
+        self._show_log_row(entry)
+        self._unsaved.append(entry)
+        if not self._save_timer.isActive():
+            self._save_timer.start()
+
+    def save_log(self) -> None:
+        """Write the rows not written yet (`recent.requests`)."""
+        self._save_timer.stop()
+        unsaved, self._unsaved = self._unsaved, []
+        try:
+            self.kept_log.extend([dataclasses.asdict(entry) for entry in unsaved])
+        except StudioError:
+            pass  # shown all the same; only the next start will not have them
+
+    def clear_requests(self) -> None:
+        self.log_model.removeRows(0, self.log_model.rowCount())
+        self._save_timer.stop()
+        self._unsaved = []
+        try:
+            self.kept_log.clear()
+        except StudioError:
+            pass
+
+    def _show_kept_log(self) -> None:
+        try:
+            kept = self.kept_log.load()
+        except StudioError:
+            return
+        for item in kept:
+            entry = log_entry(item)
+            if entry is not None:
+                self._show_log_row(entry)
+
+    def _show_log_row(self, entry: LogEntry) -> None:
         values = (time.strftime("%H:%M:%S", time.localtime(entry.time)), entry.model,
                   entry.identity or "—", str(entry.prompt_tokens),
                   str(entry.completion_tokens), f"{entry.tokens_per_second:.1f}",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.catalog import profiles
 from engine.errors import UsageError
 from engine.formats.artifacts import BaseModelInfo
 from engine.training import data as data_mod
@@ -113,6 +114,29 @@ def test_masks_follow_the_format(tmp_path: Path, tokenizer: Tokenizer) -> None:
         assert not text.targets[0] and all(text.targets[1:])
         assert ds.kinds == ("chat", "pair", "text")
     assert ds.system_prompt is None  # not every example shares one system message
+
+
+def test_a_shared_system_prompt_is_kept_in_the_summary_the_provenance_records(
+        tmp_path: Path, tokenizer: Tokenizer) -> None:
+    """The run's provenance keeps it (its data summary), and the composer offers it to a
+    new variant of the adapter (`profiles.trained_system_prompt`)."""
+    system = {"role": "system", "content": "Answer in French."}
+    path = write_lines(tmp_path / "d.jsonl", [
+        {"messages": [system, {"role": "user", "content": f"Count to {n}."},
+                      {"role": "assistant", "content": "un deux"}]} for n in (2, 3)])
+    ds = data_mod.load(path, tokenizer, 256, True, False, steps=10, batch=2)
+    assert ds.system_prompt == "Answer in French."
+    assert ds.summary()["system_prompt"] == "Answer in French."
+    adapter = {"name": "fr", "provenance": {"data": ds.summary()}}
+    assert profiles.trained_system_prompt(adapter) == "Answer in French."
+    assert profiles.trained_system_prompt({"name": "x", "provenance": {"data": {}}}) is None
+    assert profiles.trained_system_prompt({"name": "x"}) is None
+    assert "system_prompt" not in write_and_load_plain(tmp_path, tokenizer).summary()
+
+
+def write_and_load_plain(tmp_path: Path, tokenizer: Tokenizer) -> data_mod.DataSet:
+    path = write_lines(tmp_path / "plain.jsonl", [{"text": "One two three four five."}] * 2)
+    return data_mod.load(path, tokenizer, 256, True, False, steps=10, batch=2)
 
 
 def test_truncation_and_small_data_warnings(tmp_path: Path, tokenizer: Tokenizer) -> None:

@@ -110,3 +110,15 @@ class Sampling:
         values = {k: profile[k] for k in SAMPLING_KEYS if k in profile}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return Sampling.from_dict(values)
+
+
+def trained_system_prompt(adapter: dict[str, Any]) -> str | None:
+    """The system prompt adapter record `adapter` was trained with, as the provenance of
+    its training run records it (every chat example shared it: `DataSet.system_prompt`);
+    None when it was trained without one, or its record does not say."""
+    provenance = adapter.get("provenance")
+    data = provenance.get("data") if isinstance(provenance, dict) else None
+    prompt = data.get("system_prompt") if isinstance(data, dict) else None
+    if isinstance(prompt, str) and prompt.strip() and len(prompt) <= MAX_SYSTEM_PROMPT:
+        return prompt
+    return None

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import digest, evaluation, imports
+from engine.catalog import digest, evaluation, imports, profiles
 from engine.catalog.store import AdapterSpec, Catalog
 from engine.catalog.trust import records
 from engine.catalog.trust.derived import verify_derived
@@ -47,6 +47,16 @@ SHIPPED_ADAPTER = "adapter.gguf"
 SHIPPED_PROVENANCE = "provenance.json"
 SHIPPED_PEFT = "peft"
 SHIPPED_HELDOUT = "heldout.jsonl"  # attached to the adapter as its evaluation set
+
+
+def trained_system_prompt(adapter: dict[str, Any]) -> str | None:
+    """The system prompt adapter record `adapter` was trained with
+    (`profiles.trained_system_prompt`); for the shipped demo adapter, whose signed
+    provenance is older than that record, the demo's own (`SYSTEM_PROMPT`)."""
+    found = profiles.trained_system_prompt(adapter)
+    if found is None and adapter.get("curated") and adapter.get("name") == ADAPTER_NAME:
+        return SYSTEM_PROMPT
+    return found
 
 
 def resources_dir() -> Path:

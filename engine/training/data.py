@@ -118,7 +118,10 @@ class DataSet:
                 "examples": len(self.examples), "kinds": list(self.kinds),
                 "target_tokens": self.n_target_tokens,
                 "tokens": sum(len(s.tokens) for e in self.examples for s in e.sequences),
-                "truncated": sum(e.truncated for e in self.examples)}
+                "truncated": sum(e.truncated for e in self.examples),
+                # Kept in the run's provenance: the composer offers it to a new variant
+                # of the adapter (`engine.catalog.profiles.trained_system_prompt`).
+                **({"system_prompt": self.system_prompt} if self.system_prompt else {})}
 
 
 # ---------------------------------------------------------------------------- parsing

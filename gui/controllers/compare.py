@@ -1,13 +1,17 @@
 """The comparison's state and rules, without a widget: the variant compared, the run
 (one `Compare` request: the base and the variant on the same prompt, sampling and seed),
 each side's tokens and text as they stream, the finished result with each side's
-figures, the recent comparisons (this session, newest first) and the exports.
+figures, the recent comparisons (newest first, kept across restarts in
+`engine.state.recent`) and the exports.
 
 `CompareController` builds the request with `engine.runtime.assembly` (as every front
 end does) and starts it through an `Engine` (`gui.controllers.engine_port`). Choosing
 another variant or backend stops a run and drops it, so nothing of it lands under the
-new labels. It tells its view what changed through a `CompareListener`; the view
-(`gui.compare`) renders the texts, the marks and the plot. No Qt here.
+new labels; a variant chosen (again, or after a restart) shows its latest comparison
+while that comparison is still of the variant as it is (the same identity), so switching
+away and back loses nothing. It tells its view what changed through a
+`CompareListener`; the view (`gui.compare`) renders the texts, the marks and the plot.
+No Qt here.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from engine.errors import StudioError
 from engine.runtime import assembly
 from engine.runtime.messages import Compare, Prompt
 from engine.runtime.results import CompareResult, GenerationResult
+from engine.state import recent
+from engine.state.recent import RecentList
 from gui.controllers.engine_port import CurrentSink, Engine, Running
 from gui.markdown import fence_for
 from gui.render import BACKEND_LABELS
@@ -192,7 +198,8 @@ def comparison_markdown(params: dict[str, Any], result: CompareResult) -> str:
 class CompareController:
     def __init__(self, engine: Engine, catalog: Catalog, listener: CompareListener,
                  backend: Callable[[], str | None] = lambda: None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 kept: RecentList | None = None) -> None:
         self.engine = engine
         self.catalog = catalog
         self.listener = listener
@@ -209,6 +216,9 @@ class CompareController:
         self.first_token_seconds: dict[str, float] = {}
         self._started = 0.0
         self.history: list[dict[str, Any]] = []  # recent comparisons, newest first
+        # Where they are kept across restarts (the data directory's).
+        self.kept = kept if kept is not None else recent.comparisons()
+        self.history = self._load_history()
 
     def variants(self) -> list[str]:
         try:
@@ -233,14 +243,22 @@ class CompareController:
             self.listener.busy_changed(False)
         self.variant = name or None
         base_title, variant_title = "Base", "Variant"
+        identity = None
         if name:
             try:
-                base_title, variant_title = titles(
-                    name, assembly.spec(self.catalog, name, backend=self._backend()))
+                spec = assembly.spec(self.catalog, name, backend=self._backend())
+                base_title, variant_title = titles(name, spec)
+                identity = spec.identity.key
             except StudioError as exc:
                 variant_title = (f"<b>Variant</b> · {html.escape(name)} · <span "
                                  f"style='color:#d23c3c'>{html.escape(exc.message)}</span>")
         self._reset(base_title, variant_title)
+        latest = next((i for i, entry in enumerate(self.history)
+                       if identity is not None and entry["variant"] == name
+                       and entry["result"].variant.identity == identity), None)
+        if latest is not None:  # its latest comparison, which is still of this variant
+            self.recall(latest)
+            return
         if not name:  # an empty state that says what to do next
             text = ("No variant to compare yet: compose one (Ctrl+Shift+N) or import an "
                     "adapter (Ctrl+I).")
@@ -351,12 +369,44 @@ class CompareController:
     def _remember(self) -> None:
         assert self.result is not None
         base, variant = self.sides["base"], self.sides["variant"]
-        self.history.insert(0, {"time": time.time(), "variant": self.variant or "",
-                                "params": self.params, "result": self.result,
-                                "titles": (base.title, variant.title),
-                                "tokens": (list(base.tokens), list(variant.tokens))})
+        entry = {"time": time.time(), "variant": self.variant or "", "params": self.params,
+                 "result": self.result, "titles": (base.title, variant.title),
+                 "tokens": (list(base.tokens), list(variant.tokens))}
+        self.history.insert(0, entry)
         del self.history[HISTORY:]
+        try:
+            self.kept.add({**entry, "result": self.result.to_dict(),
+                           "titles": list(entry["titles"]),
+                           "tokens": [list(t) for t in entry["tokens"]]})
+        except StudioError as exc:  # not kept for the next start; shown all the same
+            self.listener.show_summary(f"<span style='color:#d23c3c'>This comparison "
+                                       f"could not be kept: {html.escape(exc.message)}</span>")
         self.listener.show_history()
+
+    def _load_history(self) -> list[dict[str, Any]]:
+        """The comparisons kept by earlier runs, newest first (an entry that does not
+        read is left out)."""
+        try:
+            stored = self.kept.load()
+        except StudioError:
+            return []
+        history = []
+        for item in reversed(stored):
+            try:
+                result = CompareResult.from_dict(item["result"])
+                params = item["params"]
+                base_title, variant_title = (str(t) for t in item["titles"])
+                base_tokens, variant_tokens = (list(t) for t in item["tokens"])
+                prompt = params["prompt"]["text"]
+                if not isinstance(prompt, str) or not isinstance(params["sampling"], dict):
+                    continue
+                history.append({"time": float(item["time"]), "variant": str(item["variant"]),
+                                "params": params, "result": result,
+                                "titles": (base_title, variant_title),
+                                "tokens": (base_tokens, variant_tokens)})
+            except (KeyError, TypeError, ValueError, StudioError):  # WireError included
+                continue
+        return history[:HISTORY]
 
     def history_labels(self) -> list[str]:
         labels = []
