@@ -9,7 +9,7 @@
 2. A scale sweep: the demo adapter at scales 0.5, 1, 2, 4 and 8 merged into the base's
    own grid and into Q8_0 (the variant at the same scale is the reference).
 
-Every merge runs through `engine.runtime.merge_job.measure` (the code `variant-studio
+Every merge runs through `engine.runtime.merge.job.measure` (the code `variant-studio
 merge` runs) in one merge worker process, into a scratch folder; nothing is added to
 any catalog. KL is measured on `--kl-rows` held-out rows (all 60 by default), exact
 match on the first `--task-rows` (20 for the types, `--sweep-task-rows` 12 for the
@@ -45,11 +45,11 @@ def main() -> None:
     parser.add_argument("--only", choices=("types", "sweep"), help="run one part")
     args = parser.parse_args()
     scratch_home()
-    from engine.catalog import merged as catalog_merged
     from engine.catalog.store import AdapterSpec, Catalog
     from engine.curated import demo, embedded, setup
-    from engine.runtime import merge_job
-    from engine.runtime.merge_work import MergeWorker
+    from engine.runtime.merge import job as merge_job
+    from engine.runtime.merge import records
+    from engine.runtime.merge.work import MergeWorker
     from engine.training import merge_eval
 
     catalog = Catalog()
@@ -63,7 +63,7 @@ def main() -> None:
     results: dict[str, Any] = {"types": [], "sweep": []}
 
     def run(variant: str, type_: str, task_rows: int) -> dict[str, Any]:
-        src = catalog_merged.source(catalog, variant)
+        src = records.source(catalog, variant)
         out = scratch / f"{variant}-{type_}.gguf"
         started = time.perf_counter()
         report = merge_job.measure(src, out, type_, eval_set, task_rows, worker,

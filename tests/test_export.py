@@ -580,7 +580,7 @@ def test_ovms_export_is_the_merged_variant_and_answers_like_it_in_openvino_genai
     from engine.runtime.client import EngineClient
     from tests import openvino_helpers
 
-    openvino_helpers.cache_dir(tmp_path_factory)  # the session's OpenVINO build cache
+    openvino_helpers.cache_dir(tmp_path_factory)  # the run's OpenVINO build cache
     out = tmp_path / "ovms"
     code, text, err = run(capsys, "export", VARIANT, "--target", "ovms", "--out", str(out),
                           "--eval-rows", "6", "--task-rows", "2", "--json")

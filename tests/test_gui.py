@@ -352,7 +352,7 @@ def test_openvino_from_the_window(populated: MainWindow, qtbot, tmp_path_factory
     """Build the OpenVINO default, give an adapter its PEFT file, chat on OpenVINO."""
     from tests.openvino_helpers import first_build
 
-    first_build(tmp_path_factory)  # the session's build cache: the window finds it there
+    first_build(tmp_path_factory)  # the run's build cache: the window finds it there
     picker = populated.chat.backend
     populated.open_chat("va")
     assert not picker.model().item(1).isEnabled()

@@ -75,7 +75,7 @@ def test_lineage_goes_by_digest_through_continued_adapters_data_merges_and_varia
         catalog.insert("adapters", record)
     merged = {**base, "name": "merged", "sha256": sha("m"), "path": "/nowhere/m.gguf",
               "curated": False,
-              # As engine.catalog.merged records it.
+              # As engine.runtime.merge.records records it.
               "merged_from": {"variant": "v", "base": BASE, "base_sha256": base["sha256"],
                               "adapters": [{"name": "c", "sha256": sha("c"), "scale": 0.5,
                                             "rank": 8, "alpha": 16.0},

@@ -36,7 +36,7 @@ from engine.curated import setup
 from engine.export import llama_server, ovms, vllm
 from engine.formats import architecture
 from engine.formats import capabilities as cap
-from engine.runtime.merge_work import MergeWorker
+from engine.runtime.merge.work import MergeWorker
 from tests import families
 from tests.matrix_helpers import (
     CASES,

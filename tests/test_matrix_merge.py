@@ -39,7 +39,7 @@ from engine.formats import capabilities as cap
 from engine.formats import gguf_file
 from engine.runtime import messages
 from engine.runtime.client import EngineClient
-from engine.runtime.merge_work import MergeWorker
+from engine.runtime.merge.work import MergeWorker
 from engine.state import paths
 from tests import families
 from tests.matrix_helpers import (

@@ -23,12 +23,12 @@ from gguf.constants import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
 
 from engine import cli
-from engine.catalog import merged as catalog_merged
 from engine.catalog.store import Catalog
 from engine.curated import demo, setup
 from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.errors import Cancelled, RefusedError, UsageError
 from engine.formats import gguf_file, lora_io, merge, naming
+from engine.runtime.merge import records
 from engine.state import paths
 
 BASE = DEFAULT_MODEL_NAME
@@ -293,7 +293,7 @@ def test_merging_the_demo_into_q8_0_keeps_it_and_is_accepted(
     assert found["profile"]["system_prompt"] == demo.SYSTEM_PROMPT
     assert Path(record["path"]) == paths.model_store("tool-calls-q8") / "tool-calls-q8.gguf"
     assert record["metadata"]["file_type"] == "Q8_0"
-    assert not list(catalog_merged.store_root().glob(".merge-*"))  # no staging left
+    assert not list(records.store_root().glob(".merge-*"))  # no staging left
 
     code, out, _ = run(capsys, "show", "tool-calls-q8", "--json")
     shown = json.loads(out)
@@ -376,7 +376,7 @@ def test_a_merge_that_erases_the_fine_tune_is_refused_then_kept_labelled_erased(
 
 @pytest.mark.slow
 def test_a_cancelled_merge_leaves_nothing_behind(home: Path) -> None:
-    from engine.runtime import merge_job
+    from engine.runtime.merge import job as merge_job
     from engine.training import merge_eval
 
     catalog = Catalog()

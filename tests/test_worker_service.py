@@ -15,7 +15,7 @@ import pytest
 from engine.errors import Cancelled, EngineError, RefusedError
 from engine.runtime import messages as m
 from engine.runtime.client import EngineClient
-from engine.runtime.merge_work import MergeWorker
+from engine.runtime.merge.work import MergeWorker
 from engine.runtime.service import ServiceClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -139,7 +139,7 @@ def test_every_worker_of_the_engine_is_a_worker_of_the_service() -> None:
     # The child side: each worker module serves through the service, and nothing but
     # the service (and llama.cpp's quantizer, a plain child with no requests) starts a
     # child process or reads requests by hand.
-    for module in ("engine/runtime/host.py", "engine/runtime/merge_work.py",
+    for module in ("engine/runtime/host.py", "engine/runtime/merge/work.py",
                    "engine/training/worker.py"):
         source = (ROOT / module).read_text()
         assert "service" in source and "sys.stdin" not in source, module

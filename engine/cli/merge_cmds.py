@@ -11,8 +11,8 @@ from typing import Any
 from engine.catalog.store import Catalog
 from engine.cli.output import emit_json
 from engine.errors import UsageError
-from engine.runtime import merge_job
-from engine.runtime.merge_work import MAX_ITEMS
+from engine.runtime.merge import job as merge_job
+from engine.runtime.merge.check import MAX_ITEMS
 from engine.training import merge_eval
 
 

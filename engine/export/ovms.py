@@ -5,7 +5,7 @@ OVMS model repository with the LLM calculator's graph.
 OpenVINO Model Server has no LoRA for text generation (its LLM calculator takes no
 adapter), so the variant goes there as one standalone model:
 
-1. merge: `runtime.merge_job.measure` writes the variant's merge (F16 by default, or
+1. merge: `runtime.merge.job.measure` writes the variant's merge (F16 by default, or
    BF16 / Q8_0) in a merge worker process and measures it against the dynamic variant
    on its evaluation set; below `formats.merge.SURVIVAL_THRESHOLD` the export is
    refused (`MergeRefused`) and nothing is written;
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.catalog import merged as catalog_merged
 from engine.catalog.store import Catalog
 from engine.errors import RefusedError, UsageError
 from engine.export.common import (
@@ -51,8 +50,10 @@ from engine.export.common import (
 )
 from engine.export.target import refuse_other_flags
 from engine.formats import capabilities, merge
-from engine.runtime import merge_job
-from engine.runtime.merge_work import MAX_ITEMS, MergeWorker
+from engine.runtime.merge import job as merge_job
+from engine.runtime.merge import records
+from engine.runtime.merge.check import MAX_ITEMS
+from engine.runtime.merge.work import MergeWorker
 
 TARGET = "ovms"
 CONFIG = "config.json"
@@ -115,7 +116,7 @@ def write(catalog: Catalog, plan: Plan, folder: Path, merge_type: str = DEFAULT_
         raise UsageError(f"--merge-type {merge_type}: the OpenVINO export merges into 8 "
                          f"bits or more ({', '.join(merge.EIGHT_BIT_OR_BETTER)})")
     name = safe_name(plan.variant, "variant name")
-    src = catalog_merged.source(catalog, plan.variant)
+    src = records.source(catalog, plan.variant)
     eval_set = merge_eval.eval_set_for(catalog, plan.variant, limit=eval_rows or MAX_ITEMS)
     work = Path(tempfile.mkdtemp(prefix=f".{folder.name}.merge-", dir=folder.parent))
     try:

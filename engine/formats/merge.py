@@ -3,7 +3,7 @@
 A merge writes `W + Σ scale_i · alpha_i / rank_i · B_i·A_i` for every adapted tensor.
 Everything here is numpy and the `gguf` package: the native quantizer (llama.cpp's
 `llama_model_quantize`, or ggml's per-tensor quantizer) is passed in by the caller,
-which runs it in the engine process or a child of it (`engine.runtime.merge_work`).
+which runs it in the engine process or a child of it (`engine.runtime.merge.work`).
 
 - `write_merged(..., mode="f16")` writes the intermediate file llama.cpp's quantizer
   reads: each adapted tensor dequantized exactly to float32, the delta added, written

@@ -18,21 +18,28 @@ The task is interleaved with generations by the host's scheduler, not run alone:
 `advance` is one item's teacher-forced pass, one prompt chunk or one greedy token, and
 the session is released between items, so a chat or a server request keeps streaming
 while a long evaluation runs (and a cancel takes effect at the next step).
+
+The merge's survival check (`engine.runtime.merge.check`, in the merge worker) is built
+on the same three pieces: `prepare` (an item's tokens), `teacher_forced` (the
+next-token distributions behind a score) and `Greedy` (exact match's greedy loop, there
+run to the whole answer).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from engine.catalog.profiles import Sampling
+from engine.catalog.resolve import SessionSpec
 from engine.errors import Cancelled, ContextOverflowError, RefusedError, StudioError
 from engine.runtime import prompting
-from engine.runtime.backend import ResidentModel, TextStream
+from engine.runtime.backend import Context, ResidentModel, TextStream
 from engine.runtime.messages import Prompt, Score, ScoreItem
 from engine.runtime.results import ScoreResult, ScoreRow, adapters_of
 from engine.runtime.sampler import Sampler, log_softmax
@@ -47,7 +54,7 @@ EXTRA_ANSWER_TOKENS = 16
 GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Prepared:
     """One item, tokenized: the unscored context and the scored tokens."""
 
@@ -57,21 +64,124 @@ class Prepared:
     exact: bool  # does exact match apply (a pair or chat item with a prompt)
 
 
+def _line(item: ScoreItem) -> str:
+    return f"line {item.line}: " if item.line else ""
+
+
+def prepare(registry: SessionRegistry, spec: SessionSpec, item: ScoreItem,
+            cancelled: CancelCheck) -> Prepared:
+    """`item` tokenized as served for `spec`: the one tokenization of a score item (a
+    `Score` request's and the merge check's); refused with the item's line when it
+    cannot be scored or does not fit the context."""
+    try:
+        prepared = _tokenize(registry, spec, item, cancelled)
+    except Cancelled:
+        raise
+    except ContextOverflowError as exc:
+        raise ContextOverflowError(_line(item) + exc.message) from None
+    except StudioError as exc:
+        raise RefusedError(_line(item) + exc.message) from None
+    size = len(prepared.prompt) + len(prepared.target)
+    n_ctx = spec.identity.context.n_ctx
+    if size >= n_ctx:
+        raise ContextOverflowError(f"{_line(item)}{size} tokens do not fit the "
+                                   f"context ({n_ctx})")
+    return prepared
+
+
+def _tokenize(registry: SessionRegistry, spec: SessionSpec, item: ScoreItem,
+              cancelled: CancelCheck) -> Prepared:
+    # Loads the resident (and checks the base's digest) on first use.
+    resident = registry.resident(spec, cancelled)
+    model, info = resident.model, resident.info
+    prompt: list[int] = []
+    if item.kind == "chat":
+        if not item.prompt.messages:
+            raise RefusedError("a chat item needs the messages before its answer")
+        # The conversation as the data gives it: no profile system prompt is added,
+        # so the base and every variant score the same tokens.
+        prompt = prompting.prompt_tokens(
+            model, info, spec, Prompt(messages=item.prompt.messages, chat=True, system=""))
+    elif item.kind == "text":
+        ids = prompting.text_tokens(model, info, item.target)
+        return Prepared(item, ids[:1], ids[1:], False)
+    if item.kind == "pair" and item.prompt.text:
+        prompt = prompting.text_tokens(model, info, item.prompt.text)
+    # The answer's own tokens, as training tokenizes a completion.
+    target = prompting.answer_tokens(model, item.target)
+    if not prompt:  # an empty prompt: the first token has nothing to predict it
+        return Prepared(item, target[:1], target[1:], False)
+    return Prepared(item, prompt, target, True)
+
+
+def teacher_forced(context: Context, prompt: list[int], target: list[int]
+                   ) -> list[np.ndarray]:
+    """The next-token logits at each of `target`'s positions after `prompt`,
+    teacher-forced in the session's aligned chunks (as a cold decode of both): the pass
+    behind a score's log-probabilities and the merge check's distributions."""
+    return context.score(prompt, target) if target else []
+
+
 @dataclass
 class Greedy:
-    """The greedy answer of one item, decoded a step at a time."""
+    """A greedy answer decoded a step at a time, as a served generation decodes it: the
+    prompt's prefill in aligned chunks, then one token per step through the `Sampler` at
+    temperature 0 with no repeat penalty, to an end token or `limit` tokens.
 
-    sampler: Sampler
-    decoder: TextStream
+    With a `target` (exact match) it stops as soon as the answer can no longer be the
+    target (a mismatching character), so a base that answers in prose costs one or two
+    steps, and `exact` is the verdict; without one it decodes the whole answer."""
+
+    model: ResidentModel
+    prompt: list[int]
     limit: int
-    prefill: Any = None
+    target: str | None = None
+    sampler: Sampler = field(default_factory=lambda: Sampler(GREEDY))
+    decoder: TextStream = field(init=False)
+    prefill: Iterator[np.ndarray | None] | None = None
     logits: np.ndarray | None = None
     tokens: list[int] = field(default_factory=list)
     text: str = ""
+    exact: bool | None = None
 
+    def __post_init__(self) -> None:
+        self.decoder = self.model.text_stream()
 
-def _line(item: ScoreItem) -> str:
-    return f"line {item.line}: " if item.line else ""
+    def step(self, context: Context) -> bool:
+        """One prompt chunk or one token; True once the answer is finished."""
+        if self.logits is None:
+            if self.prefill is None:
+                self.prefill = context.prefill_steps(self.prompt, reserve=self.limit)
+            logits = next(self.prefill)
+            if logits is None:
+                return False
+            self.logits = logits
+        token = self.sampler.choose(self.logits, self.prompt + self.tokens)
+        if self.model.is_end(token):
+            self.text += self.decoder.finish()
+            return self._end(self.text == self.target)
+        self.tokens.append(token)
+        self.text += self.decoder.feed(token)
+        if self.target is not None and (not self.target.startswith(self.text)
+                                        or len(self.tokens) >= self.limit):
+            return self._end(False)  # it can no longer be the target
+        if len(self.tokens) >= self.limit:
+            self.text += self.decoder.finish()
+            return self._end(False)
+        self.logits = context.step(token)
+        return False
+
+    def run(self, context: Context, cancelled: CancelCheck) -> Greedy:
+        """Step to the end at once (for work that has the engine to itself)."""
+        while not self.step(context):
+            if cancelled():
+                raise Cancelled("cancelled")
+        return self
+
+    def _end(self, exact: bool) -> bool:
+        if self.target is not None:
+            self.exact = exact
+        return True
 
 
 class ScoreTask:
@@ -104,55 +214,18 @@ class ScoreTask:
 
     def _prepare(self) -> list[Prepared]:
         """Every item tokenized as served; refuses the first that cannot be scored."""
-        n_ctx = self.spec.identity.context.n_ctx
         out: list[Prepared] = []
         total = 0
         for item in self.request.items:
             if self.cancelled():
                 raise Cancelled("cancelled")
-            try:
-                prepared = self._tokenize(item)
-            except Cancelled:
-                raise
-            except ContextOverflowError as exc:
-                raise ContextOverflowError(_line(item) + exc.message) from None
-            except StudioError as exc:
-                raise RefusedError(_line(item) + exc.message) from None
-            size = len(prepared.prompt) + len(prepared.target)
-            if size >= n_ctx:
-                raise ContextOverflowError(f"{_line(item)}{size} tokens do not fit the "
-                                           f"context ({n_ctx})")
+            prepared = prepare(self.registry, self.spec, item, self.cancelled)
             total += len(prepared.target)
             out.append(prepared)
         if self.request.per_token and total > MAX_PER_TOKEN:
             raise RefusedError(f"{total} scored tokens: more than {MAX_PER_TOKEN} per-token "
                                "log-probabilities in one result; score without them")
         return out
-
-    def _tokenize(self, item: ScoreItem) -> Prepared:
-        spec = self.spec
-        # Loads the resident (and checks the base's digest) on first use.
-        resident = self.registry.resident(spec, self.cancelled)
-        model, info = resident.model, resident.info
-        prompt: list[int] = []
-        if item.kind == "chat":
-            if not item.prompt.messages:
-                raise RefusedError("a chat item needs the messages before its answer")
-            # The conversation as the data gives it: no profile system prompt is added,
-            # so the base and every variant score the same tokens.
-            prompt = prompting.prompt_tokens(
-                model, info, spec, Prompt(messages=item.prompt.messages, chat=True,
-                                          system=""))
-        elif item.kind == "text":
-            ids = prompting.text_tokens(model, info, item.target)
-            return Prepared(item, ids[:1], ids[1:], False)
-        if item.kind == "pair" and item.prompt.text:
-            prompt = prompting.text_tokens(model, info, item.prompt.text)
-        # The answer's own tokens, as training tokenizes a completion.
-        target = prompting.answer_tokens(model, item.target)
-        if not prompt:  # an empty prompt: the first token has nothing to predict it
-            return Prepared(item, target[:1], target[1:], False)
-        return Prepared(item, prompt, target, True)
 
     # ------------------------------------------------------------------ stepping
 
@@ -172,21 +245,22 @@ class ScoreTask:
         if self.row is None:
             self.row = self._score(current)
             if self.request.exact_match and current.exact:
-                model = self._model()
                 room = self.session.context.n_ctx - len(current.prompt) - 1
-                self.greedy = Greedy(Sampler(GREEDY), model.text_stream(),
+                self.greedy = Greedy(self._model(), current.prompt,
                                      max(1, min(len(current.target) + EXTRA_ANSWER_TOKENS,
-                                                room)))
+                                                room)), current.item.target)
                 return None
-        elif self.greedy is not None and not self._greedy_step(current):
-            return None
+        elif self.greedy is not None:
+            if not self.greedy.step(self.session.context):
+                return None
+            self.row["exact"], self.row["answer"] = self.greedy.exact, self.greedy.text
         return self._next_item()
 
     def _score(self, current: Prepared) -> dict[str, Any]:
         assert self.session is not None
         logprobs: list[float] = []
         if current.target:
-            rows = self.session.context.score(current.prompt, current.target)
+            rows = teacher_forced(self.session.context, current.prompt, current.target)
             logprobs = [float(log_softmax(row)[token])
                         for row, token in zip(rows, current.target, strict=True)]
         nll = -sum(logprobs)
@@ -199,35 +273,6 @@ class ScoreTask:
         if self.request.per_token:
             row["logprobs"] = logprobs
         return row
-
-    def _greedy_step(self, current: Prepared) -> bool:
-        """One step of the greedy answer; True when the verdict is known."""
-        assert self.session is not None and self.greedy is not None and self.row is not None
-        greedy, context = self.greedy, self.session.context
-        if greedy.logits is None:
-            if greedy.prefill is None:
-                greedy.prefill = context.prefill_steps(current.prompt, reserve=greedy.limit)
-            logits = next(greedy.prefill)
-            if logits is None:
-                return False
-            greedy.logits = logits
-        token = greedy.sampler.choose(greedy.logits, current.prompt + greedy.tokens)
-        target = current.item.target
-        if self._model().is_end(token):
-            greedy.text += greedy.decoder.finish()
-            return self._verdict(greedy.text == target)
-        greedy.tokens.append(token)
-        greedy.text += greedy.decoder.feed(token)
-        if not target.startswith(greedy.text) or len(greedy.tokens) >= greedy.limit:
-            return self._verdict(False)  # it can no longer be the target
-        greedy.logits = context.step(token)
-        return False
-
-    def _verdict(self, exact: bool) -> bool:
-        assert self.row is not None and self.greedy is not None
-        self.row["exact"] = exact
-        self.row["answer"] = self.greedy.text
-        return True
 
     def _next_item(self) -> ScoreResult | None:
         assert self.row is not None and self.prepared is not None

@@ -2,21 +2,21 @@
 
 `merge_variant` is what `variant-studio merge` runs:
 
-1. the variant is resolved and its files verified (`catalog.merged.source`), the new
-   name checked (`Catalog.check_store_free`), the type checked (`formats.merge.check_type`);
+1. the variant is resolved and its files verified (`records.source`), the new name
+   checked (`Catalog.check_store_free`), the type checked (`formats.merge.check_type`);
    nothing is written before all three pass;
-2. in a merge worker process (`runtime.merge_work`): the merge is written into a
+2. in a merge worker process (`runtime.merge.work`): the merge is written into a
    staging folder of `<data>/models/` and quantized by llama.cpp, and its adapted
    tensors are compared with the base on the same grid (the weight figures);
-3. in the same worker: the merged file, served as a plain base from a temporary spec,
-   the dynamic variant and its base, on the same token ids of an evaluation set:
-   behaviour survival `1 - KL(variant||merged) / KL(variant||base)` (next-token
-   distributions, teacher-forced), and, when the set has answers, greedy exact-match
-   accuracy of all three on its first `task_rows` items;
+3. in the same worker (`runtime.merge.check`): the merged file, served as a plain base
+   from a temporary spec, the dynamic variant and its base, on the same token ids of an
+   evaluation set: behaviour survival `1 - KL(variant||merged) / KL(variant||base)`
+   (next-token distributions, teacher-forced), and, when the set has answers, greedy
+   exact-match accuracy of all three on its first `task_rows` items;
 4. a merge whose survival is below `formats.merge.SURVIVAL_THRESHOLD` is refused
    (`MergeRefused`, exit 3, carrying the figures) and the staging folder removed,
    unless `allow_erased`: it is then added labelled `erased`. An accepted merge is
-   added as a base model with `merged_from` (`catalog.merged.add_merged`).
+   added as a base model with `merged_from` (`records.add_merged`).
 
 `measure` (steps 2-3 into any folder) is shared with the OpenVINO Model Server export,
 which merges into its own staging folder and never adds anything to the catalog.
@@ -27,43 +27,22 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from engine import __version__
 from engine.catalog import evaluation
-from engine.catalog import merged as catalog_merged
 from engine.catalog.store import Catalog, now_iso
 from engine.errors import RefusedError
 from engine.formats import merge
-from engine.runtime.merge_work import (
-    CheckRequest,
-    EvalItem,
-    MergeAdapter,
-    MergeRequest,
-    MergeWorker,
-)
+from engine.runtime.merge import records
+from engine.runtime.merge.eval_sets import EvalSet, answered
+from engine.runtime.merge.work import CheckRequest, MergeAdapter, MergeRequest, MergeWorker
 
 ProgressFn = Callable[[str, float], None]
 CancelCheck = Callable[[], bool]
 DEFAULT_TASK_ROWS = 16
-
-
-@dataclass(frozen=True)
-class EvalSet:
-    """What survival is measured on: `kind` "eval" (an adapter's evaluation set, as
-    `eval attach` keeps it), "heldout" (the demo's held-out file) or "probe" (fixed chat
-    prompts, no answers)."""
-
-    name: str
-    kind: str
-    items: tuple[EvalItem, ...]
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "items": len(self.items),
-                "answers": sum(item.exact for item in self.items)}
 
 
 class MergeRefused(RefusedError):
@@ -115,7 +94,7 @@ def score(texts: Sequence[str], answers: Sequence[str]) -> dict[str, Any]:
 # ----------------------------------------------------------------------- measuring
 
 
-def measure(src: catalog_merged.MergeSource, out: Path, type_: str, eval_set: EvalSet,
+def measure(src: records.MergeSource, out: Path, type_: str, eval_set: EvalSet,
             task_rows: int, worker: MergeWorker, name: str,
             progress: ProgressFn | None = None, cancelled: CancelCheck | None = None
             ) -> dict[str, Any]:
@@ -130,20 +109,20 @@ def measure(src: catalog_merged.MergeSource, out: Path, type_: str, eval_set: Ev
          "adapters": [{"name": a.name, "sha256": a.sha256, "scale": a.scale}
                       for a in src.adapters], "type": type_})
     made = worker.call(request, progress, cancelled)
-    spec = catalog_merged.temporary_spec(src, Path(made["path"]), made["sha256"], name)
-    answered = [i for i, item in enumerate(eval_set.items) if item.exact]
+    spec = records.temporary_spec(src, Path(made["path"]), made["sha256"], name)
     # Items with a prompt and an answer first, so the task rows are the first `greedy`.
-    items = tuple(eval_set.items[i] for i in answered) + tuple(
-        item for item in eval_set.items if not item.exact)
-    greedy = min(max(task_rows, 0), len(answered))
-    check = worker.call(CheckRequest(src.spec, src.spec.base_spec(), spec, items, greedy),
-                        progress, cancelled)
+    items = tuple(item for item in eval_set.items if answered(item)) + tuple(
+        item for item in eval_set.items if not answered(item))
+    of = sum(answered(item) for item in items)
+    greedy = min(max(task_rows, 0), of)
+    check = worker.call(CheckRequest(src.spec, src.spec.base_spec(), spec, items,
+                                     eval_set.probes, greedy), progress, cancelled)
     survival = merge.survival(check["kl_variant_merged"], check["kl_variant_base"])
     task = None
     if greedy:
-        expected = [items[i].answer or "" for i in range(greedy)]
+        expected = [items[i].target for i in range(greedy)]
         answers = check["answers"]
-        task = {"rows": greedy, "of": len(answered),
+        task = {"rows": greedy, "of": of,
                 **{side: score(answers[side], expected) for side in ("base", "variant",
                                                                      "merged")},
                 "samples": [{"expected": expected[i],
@@ -185,9 +164,9 @@ def merge_variant(catalog: Catalog, variant: str, name: str, type_: str, eval_se
     docstring); returns the report with the added `record`. Raises `MergeRefused`
     below the survival threshold unless `allow_erased`; nothing is added then."""
     type_ = merge.check_type(type_)
-    src = catalog_merged.source(catalog, variant)
+    src = records.source(catalog, variant)
     catalog.check_store_free(name)
-    staging = catalog_merged.staging_dir()
+    staging = records.staging_dir()
     try:
         out = staging / f"{name}.gguf"
         with MergeWorker(threads) as worker:
@@ -198,8 +177,8 @@ def merge_variant(catalog: Catalog, variant: str, name: str, type_: str, eval_se
         if erased and not allow_erased:
             raise MergeRefused(report)
         catalog.check_store_free(name)  # again: the catalog may have changed
-        record = catalog_merged.add_merged(catalog, name, staging, out,
-                                           catalog_merged.merged_from(src, report, erased))
+        record = records.add_merged(catalog, name, staging, out,
+                                    records.merged_from(src, report, erased))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
