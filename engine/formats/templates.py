@@ -12,8 +12,8 @@ allocations of every other thread of the process while a render runs): the trace
 reads the process's resident memory every few milliseconds and stops a render that grew it
 by more than MEMORY_HEADROOM (a string doubled in a loop), and the operations that can
 claim unbounded memory in one C call, where no hook runs (`'x' * n`, `'x'.ljust(n)`,
-`'%999999999s' % x`, `replace` on many matches, the `center`/`indent`/`format`
-filters), are sized before they run and refused past MAX_OUTPUT_CHARS.
+`'%999999999s' % x`, `replace` on many matches, a `join` of many long strings, the
+`center`/`indent`/`format` filters), are sized before they run and refused past MAX_OUTPUT_CHARS.
 """
 
 from __future__ import annotations
@@ -197,6 +197,16 @@ def _check_growth(obj: Any, name: str, args: Sequence[Any]) -> None:
         _too_large(len(obj) + obj.count("\t") * max(0, size))
     elif name in ("format", "format_map"):
         _check_sizes([obj])
+    elif name == "join" and args:
+        _check_join(args[0], obj)
+
+
+def _check_join(items: Any, separator: Any) -> None:
+    """A join's result size, from its strings (a list of a thousand 4-million-character
+    strings is small; joined, it is 4 billion characters in one C call)."""
+    if isinstance(items, list | tuple) and isinstance(separator, str):
+        _too_large(sum(len(x) for x in items if isinstance(x, str))
+                   + len(separator) * max(0, len(items) - 1))
 
 
 def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -212,13 +222,16 @@ def _bounded_filter(name: str, function: Callable[..., Any]) -> Callable[..., An
             _check_sizes(strings[:1])  # the format string: `'%999999999s' | format(x)`
         if name == "replace" and len(strings) >= 3:
             _check_growth(strings[0], "replace", strings[1:3])
+        if name == "join":  # (eval context, items, separator="", attribute=None)
+            items = next((v for v in args if isinstance(v, list | tuple)), None)
+            _check_join(items, strings[0] if strings else kwargs.get("d", ""))
         return function(*args, **kwargs)
 
     return bounded
 
 
-# Filters that take a size (or a format string) and build a string from it.
-_SIZED_FILTERS = ("center", "indent", "format", "wordwrap", "truncate", "replace")
+# Filters that take a size (or a format string, or strings to join) and build a string.
+_SIZED_FILTERS = ("center", "indent", "format", "wordwrap", "truncate", "replace", "join")
 
 
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
