@@ -49,7 +49,7 @@ def test_the_format_is_read_from_the_template() -> None:
     assert tc.detect(HERMES_TEMPLATE) == "hermes"
     assert tc.detect(CHATML) == "generic"
     assert tc.detect(None) == "generic"
-    assert tc.detect("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]") == "mistral"
+    assert tc.detect("{% if tools %}[AVAILABLE_TOOLS]{% endif %}[TOOL_CALLS]") == "bracketed"
     assert tc.detect("{% if tools %}<|python_tag|>{% endif %}<|eot_id|>") == "llama3"
     # A template that takes tools in a syntax we do not know: the generic format.
     assert tc.detect("{% if tools %}{{ tools }}{% endif %}") == "generic"
@@ -96,7 +96,7 @@ ANSWERS = {
                '"arguments": {"a": 2, "b": 3}}\n</tool_call>'),
     "llama3": ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", '
                '"unit": "c"}}; {"name": "add", "parameters": {"a": 2, "b": 3}}'),
-    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", '
+    "bracketed": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo", '
                 '"unit": "c"}}, {"name": "add", "arguments": {"a": 2, "b": 3}}]'),
     "generic": ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", '
                 '"unit": "c"}}, {"name": "add", "arguments": {"a": 2, "b": 3}}]}'),
@@ -111,7 +111,7 @@ def test_every_format_parses_whole_and_streamed_alike(fmt: str) -> None:
         ("get_weather", {"city": "Oslo", "unit": "c"}), ("add", {"a": 2, "b": 3})]
     assert content.strip() == ("Let me check." if fmt == "hermes" else "")
     assert len({c.id for c in calls}) == 2
-    assert all(len(c.id) == 9 for c in calls) if fmt == "mistral" else all(
+    assert all(len(c.id) == 9 for c in calls) if fmt == "bracketed" else all(
         c.id.startswith("call_") for c in calls)
     # Streamed a character at a time: the same content, the same calls, each call's id
     # and name in its first delta and its arguments' pieces adding up to the whole.

@@ -8,7 +8,7 @@ chat template (`detect`), which is what the model was trained to answer:
   `<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>`, one tag per call;
 - `llama3` (Llama 3.1-3.3): `{"name": "f", "parameters": {...}}` as the whole answer
   (optionally after `<|python_tag|>`), calls separated by `; `;
-- `mistral` (Mistral, Mixtral): `[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]`;
+- `bracketed` (Mistral, Mixtral): `[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]`;
 - `generic` (any template that takes no tools: SmolLM2, Gemma, Phi-3, ...): the whole
   answer is `{"tool_calls": [{"name": "f", "arguments": {...}}, ...]}`.
 
@@ -47,7 +47,7 @@ from engine import wire
 from engine.errors import RefusedError
 from engine.formats.templates import Message, ToolCall
 
-FORMATS = ("hermes", "llama3", "mistral", "generic")
+FORMATS = ("hermes", "llama3", "bracketed", "generic")
 MAX_TOOLS = 128
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # JSON in a grammar: one space after ':' and ',' (as json.dumps writes it), no newlines,
@@ -135,7 +135,7 @@ SYNTAX = {
     "hermes": Syntax("<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>",
                      "arguments", "<tool_call>", False),
     "llama3": Syntax("", "; ", "", "parameters", '{"name"', True),
-    "mistral": Syntax("[TOOL_CALLS][", ", ", "]", "arguments", "[TOOL_CALLS]", False),
+    "bracketed": Syntax("[TOOL_CALLS][", ", ", "]", "arguments", "[TOOL_CALLS]", False),
     "generic": Syntax('{"tool_calls": [', ", ", "]}", "arguments", '{"tool_calls"', True),
 }
 CALL_HEAD = '{"name": "'
@@ -148,7 +148,7 @@ def detect(template: str | None) -> str:
     if "<tool_call>" in template:
         return "hermes"
     if "[TOOL_CALLS]" in template:
-        return "mistral"
+        return "bracketed"
     if "<|python_tag|>" in template or ("ipython" in template and "<|eot_id|>" in template):
         return "llama3"
     return "generic"
@@ -158,7 +158,7 @@ def call_id(seed: str, index: int, fmt: str) -> str:
     """A call's id, the same for the same prompt and index (Mistral's templates insist on
     nine letters and digits; OpenAI's look like `call_...`)."""
     digest = hashlib.sha256(f"{seed}:{index}".encode()).hexdigest()
-    return digest[:9] if fmt == "mistral" else f"call_{digest[:24]}"
+    return digest[:9] if fmt == "bracketed" else f"call_{digest[:24]}"
 
 
 def call_json(call: ToolCall, fmt: str) -> str:
@@ -298,8 +298,8 @@ class CallDelta(wire.Wire):
     name: str | None = field(default=None, metadata=wire.OMIT_NONE)
 
 
-_CLOSERS = {"hermes": "</tool_call>", "mistral": "]", "generic": "]", "llama3": ""}
-_SEPARATORS = {"hermes": "", "mistral": ",", "generic": ",", "llama3": ";"}
+_CLOSERS = {"hermes": "</tool_call>", "bracketed": "]", "generic": "]", "llama3": ""}
+_SEPARATORS = {"hermes": "", "bracketed": ",", "generic": ",", "llama3": ";"}
 
 
 class CallParser:
@@ -386,7 +386,7 @@ class CallParser:
         if at != -1:
             shown.append(self.buf[:at])
             self.buf = self.buf[at + len(trigger):]
-            self.bracket_due = self.fmt == "mistral"
+            self.bracket_due = self.fmt == "bracketed"
             self.in_calls = True
             return True
         hold = 0 if final else max((n for n in range(1, len(trigger))
