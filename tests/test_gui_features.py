@@ -642,8 +642,13 @@ def test_compare_marks_the_divergence_in_both_texts_with_each_speed_and_switches
     with qtbot.waitSignal(old.done, timeout=LONG):  # its end arrives once this waits
         view.select_variant("va")
         assert view.reply is None and view.run_button.isEnabled()
-    assert view.result is None
-    assert view.base_side.text == view.variant_side.text == ""
+    # "va" shows its own latest comparison again (recent comparisons are recalled by
+    # variant), never the stopped run's partial answer.
+    assert view.result is not None
+    recalled = view.result
+    assert recalled["variant"]["token_ids"] == result["variant"]["token_ids"]
+    assert recalled["base"]["token_ids"] == result["base"]["token_ids"]
+    assert view.variant_side.text == result["variant"]["text"]
     assert resolve.identity(Catalog(), "va").short in view.variant_side.title.text()
 
 

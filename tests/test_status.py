@@ -15,7 +15,7 @@ import pytest
 
 from engine import cli
 from engine.catalog.store import Catalog
-from engine.runtime import client as engine_client
+from engine.runtime import service
 from engine.serve.config import ServeConfig
 from engine.serve.server import ServerThread
 from engine.state import presence
@@ -34,7 +34,7 @@ def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("status started an engine process")
 
-    monkeypatch.setattr(engine_client, "ChildProcess", refuse)
+    monkeypatch.setattr(service, "ChildProcess", refuse)
 
 
 def test_on_a_fresh_home_no_engine_runs_counts_agree_with_list_and_nothing_is_written(
