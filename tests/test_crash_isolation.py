@@ -6,6 +6,9 @@ request fails with "engine stopped: ... SIGABRT" and the engine's last log lines
 client reports the crash to whoever listens, the catalog, conversations and settings
 on disk are untouched, and the next request starts a fresh engine that serves the same
 output as before.
+
+Contract tier (marker `contract`): on the tiny qwen2 model of tests/families.py with its
+GGUF adapter, so a round trip costs a second, not the embedded model's load.
 """
 
 from __future__ import annotations
@@ -17,17 +20,18 @@ import pytest
 
 from engine.catalog import imports
 from engine.catalog.store import AdapterSpec, Catalog
-from engine.curated import setup
 from engine.errors import EngineError
-from engine.formats.artifacts import BaseModelInfo
 from engine.runtime import messages
 from engine.runtime.client import EngineClient
 from engine.state import conversations, settings
 from engine.state.conversations import ChatMessage
-from tests.engine_helpers import BASE, request
-from tests.hostile_cases import mini_lora
+from tests import families
+from tests.engine_helpers import request
+
+pytestmark = pytest.mark.contract
 
 TIMEOUT = 300
+BASE = "fixture-qwen2"
 
 
 def small(catalog: Catalog, name: str) -> messages.Generate:
@@ -40,12 +44,11 @@ def state_bytes(home: Path) -> dict[str, bytes]:
 
 
 def test_an_engine_abort_is_reported_and_nothing_is_lost(
-        studio_home: Path, tmp_path: Path, base_info: BaseModelInfo) -> None:
+        studio_home: Path, family_files: dict[str, families.FamilyFiles]) -> None:
     catalog = Catalog()
-    setup.first_run(catalog)
-    source = tmp_path / "a.gguf"
-    source.write_bytes(mini_lora())
-    imports.add_adapter(catalog, "a", BASE, source)
+    files = family_files["qwen2"]
+    imports.add_model(catalog, BASE, files.base("Q8_0"))
+    imports.add_adapter(catalog, "a", BASE, files.gguf_adapter)
     catalog.add_variant("va", BASE, [AdapterSpec("a", 1.0)])
     chat = conversations.new("va").with_messages((
         ChatMessage("user", "Hello"), ChatMessage("assistant", "Hi!", model="va")))

@@ -33,8 +33,8 @@ NNCF's import, 3.8 s), an OVMS export about 17 s (a merge, and a build in a fres
 process, which also makes the int4 and int8 profiles the export does not use): every
 type would add about 4 minutes of CPU to every CI run, for what depends on the type
 alone (dequantizing the source's blocks to F16), which runs on each type here. The
-build cache is the session's (tests/openvino_helpers.py). One catalog and one engine
-process for the module.
+build cache is the run's, shared by its workers (tests/openvino_helpers.py). One
+catalog and one engine process for the module.
 """
 
 from __future__ import annotations
@@ -89,8 +89,11 @@ def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory
         client.close()
 
 
-def cache_listing(cache: Path) -> list[str]:
-    return sorted(p.name for p in cache.iterdir()) if cache.is_dir() else []
+def built_from(cache: Path, source: Path) -> list[str]:
+    """The cache's builds of `source` (each key starts with the file's digest; the cache
+    is shared with other workers, whose builds of other files may land meanwhile)."""
+    prefix = digest.content_digest(source)[:16]
+    return sorted(p.name for p in cache.iterdir() if p.name.startswith(prefix))
 
 
 def generate(world: dict[str, Any], model: str) -> dict[str, Any]:
@@ -113,11 +116,10 @@ def test_openvino_with_an_adapter_works_or_is_refused_up_front(
 
     cell = cells[cap.SERVE_OPENVINO]
     if not cell.ok:
-        built_before = cache_listing(world["cache"])
         line = assert_refused(capsys, add, cell.reason,
                               forbid=[(openvino_models, "engine_builder")])
         assert "OpenVINO cannot compute this file as llama.cpp does" in line
-        assert cache_listing(world["cache"]) == built_before  # nothing built
+        assert built_from(world["cache"], source) == []  # nothing built
     elif (variant, kind) in BUILT:
         check_openvino_base(world, files, kind)
     else:

@@ -92,3 +92,26 @@ def test_install_script_points_the_menu_at_this_checkout(tmp_path: Path) -> None
     subprocess.run([str(script), "--uninstall"], check=True, env=env, capture_output=True,
                    timeout=60)
     assert not installed.exists() and not icon.exists()
+
+
+def test_the_environment_holds_everything_the_project_installs() -> None:
+    """Every dependency and the [test] and [train] extras (what scripts/setup.sh
+    installs: PyTorch, OpenVINO, NNCF, ...) are installed. A test needing one never skips
+    without it (tests/conftest.py turns such a skip into a failure): a CI that lacks one
+    fails here, by name, instead of going green."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *project["optional-dependencies"]["test"],
+              *project["optional-dependencies"]["train"]]
+    missing = []
+    for requirement in wanted:
+        name = re.split(r"[\s\[=<>!~;]", requirement, maxsplit=1)[0]
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    assert "torch" in str(wanted) and "openvino-genai" in str(wanted)
+    assert missing == [], f"not installed: {missing} (run scripts/setup.sh)"

@@ -119,6 +119,7 @@ def test_retraining_the_demo_reproduces_its_sha256(studio_home: Path) -> None:
     assert result["provenance"]["loss"]["curve"] == RECORD["loss"]["curve"]
 
 
+@pytest.mark.slow  # 66 s measured: the embedded model scores the prose four times, two ways
 def test_the_scoring_tool_and_the_served_check_measure_the_same_drift(
         studio_home: Path, capsys: pytest.CaptureFixture) -> None:
     """Drift on unrelated prose, by the scoring tool on the shipped text file and by the

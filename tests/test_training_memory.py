@@ -211,6 +211,7 @@ def test_the_products_are_kept_only_where_memory_is_plentiful(embedded_path: Pat
     assert not snug["keep_products"] and snug["total"] == lean.total and snug["refusal"] is None
 
 
+@pytest.mark.slow  # 48 to 73 s measured: a large output scored whole and in chunks
 def test_targets_of_a_large_output_are_scored_in_chunks_with_the_same_gradients(
         tmp_path: Path, embedded_path: Path, base_info, monkeypatch: pytest.MonkeyPatch
         ) -> None:
