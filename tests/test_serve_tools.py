@@ -227,3 +227,30 @@ def test_a_constrained_answer_replays_bit_for_bit(world: dict[str, Any]) -> None
         (c.id, c.function.name, c.function.arguments)
         for c in answer.choices[0].message.tool_calls]
 
+
+def test_openvino_is_constrained_the_same_way(world: dict[str, Any],
+                                              tmp_path_factory: pytest.TempPathFactory
+                                              ) -> None:
+    """The OpenVINO default (built once per test session) through the same server: its
+    json_schema answers and tool calls validate; the mask comes from the same sampler,
+    over the detokenizer's vocabulary."""
+    from engine.curated import openvino_default
+    from tests.openvino_helpers import register_default
+
+    register_default(world["catalog"], tmp_path_factory)
+    name = openvino_default.NAME
+    schema = {"type": "object", "properties": {
+        "title": {"type": "string", "maxLength": 40},
+        "year": {"type": "integer", "minimum": 1900, "maximum": 2100}},
+        "required": ["title", "year"], "additionalProperties": False}
+    answer = ask(world, model=name, max_tokens=60,
+                 messages=[{"role": "user", "content": "Name a film and its year."}],
+                 response_format={"type": "json_schema", "json_schema": {
+                     "name": "film", "schema": schema, "strict": True}})
+    assert answer.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(answer.choices[0].message.content), schema)
+    assert answer.model_dump()["variant_studio"]["replay"]["backend"] == "openvino"
+    called = ask(world, model=name, tools=TOOLS, tool_choice="required",
+                 parallel_tool_calls=False).choices[0]
+    assert called.finish_reason == "tool_calls"
+    assert len(valid_calls(called.message.tool_calls)) == 1
