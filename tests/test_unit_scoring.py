@@ -17,7 +17,9 @@ from engine.catalog.resolve import resolve
 from engine.catalog.store import Catalog
 from engine.errors import ContextOverflowError, RefusedError
 from engine.formats import artifacts
+from engine.formats.templates import Message, ToolCall
 from engine.runtime import messages as m
+from engine.runtime import scoring
 from engine.runtime.adapters import AdapterManager
 from engine.runtime.results import ScoreResult
 from engine.runtime.sampler import log_softmax
@@ -126,3 +128,44 @@ def test_a_score_runs_beside_a_generation(fake: fb.FakeBackend, fake_catalog: Ca
     assert len(long.wait().token_ids) == len(fb.GREEDY_ANSWER)
     assert ended == ["score", "generate"]
     assert isinstance(scored.wait(), ScoreResult)
+
+
+def test_tool_call_items_are_decoded_whole_and_judged_as_calls(
+        fake_catalog: Catalog, engine: InProcessEngine,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fake model only ever answers the alphabet: read here as a call of `letters`,
+    # so both verdicts can be seen. Everything else is parsed for real.
+    said = ToolCall("call_x", "letters", '{"a": 1, "b": [true]}')
+    real = scoring.parse_any
+    monkeypatch.setattr(scoring, "parse_any",
+                        lambda text: (said,) if text == fb.GREEDY_ANSWER else real(text))
+    asked = m.Prompt(messages=(Message("user", "Say the letters."),), chat=True)
+    # Key order, spacing and 1 vs 1.0 do not matter; another value does.
+    same = m.ScoreItem("chat", "letters(b, a)", asked, 1, (
+        ToolCall("call_0", "letters", '{"b": [true],   "a": 1.0}'),))
+    other = m.ScoreItem("chat", "letters(a=2)", asked, 2, (
+        ToolCall("call_0", "letters", '{"a": 2, "b": [true]}'),))
+    # A target that parses as a tool call (the demo's own shape) is a tool-call item too.
+    parsed = m.ScoreItem("pair", '{"tool": "lookup", "args": {"q": "sea"}}',
+                         m.Prompt(QUESTION), line=3)
+    result = score(engine, fake_catalog, fb.BASE, (same, other, parsed, ITEMS[1]))
+    rows = result.rows
+    assert [r.tool_call_exact for r in rows] == [True, False, False, None]
+    # Decoded to its end, not stopped at the first character unlike the target (as the
+    # plain item is, at "abc").
+    assert [r.answer for r in rows] == [fb.GREEDY_ANSWER] * 3 + ["abc"]
+    assert [r.exact for r in rows] == [False, False, False, False]
+    assert (result.tool_call_items, result.tool_call_matches) == (3, 1)
+    assert result.tool_call_exact == pytest.approx(1 / 3)
+    assert result.tool_call_text == "33.3% (1/3)"
+    assert (result.exact_items, result.exact_matches) == (4, 0)
+    # Kept with a result's JSON and read back.
+    assert ScoreResult.from_dict(result.to_dict()).tool_call_exact == result.tool_call_exact
+
+
+def test_a_set_without_tool_calls_has_no_tool_call_figure(
+        fake_catalog: Catalog, engine: InProcessEngine) -> None:
+    result = score(engine, fake_catalog, fb.BASE)
+    assert result.tool_call_exact is None and result.tool_call_text == "n/a"
+    assert "tool_call_exact" not in result.to_dict()
+    assert all(r.tool_call_exact is None for r in result.rows)

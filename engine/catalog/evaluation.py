@@ -39,6 +39,7 @@ FILES = {"jsonl": "evaluation.jsonl", "text": "evaluation.txt"}
 MAX_SET_BYTES = 1 << 30
 SCORE_KEYS = ("items", "tokens", "mean_nll", "perplexity", "exact_match", "exact_matches",
               "exact_items")
+TOOL_CALL_KEYS = ("tool_call_exact", "tool_call_matches", "tool_call_items")
 
 
 @dataclass(frozen=True)
@@ -182,8 +183,12 @@ class ScoreFigures(Protocol):
 
 def score_summary(result: ScoreFigures) -> dict[str, Any]:
     """What a set keeps of one engine `score` result."""
-    return {**{k: getattr(result, k) for k in SCORE_KEYS}, "identity": result.identity,
-            "kind": result.kind, "at": now_iso()}
+    summary = {**{k: getattr(result, k) for k in SCORE_KEYS}, "identity": result.identity,
+               "kind": result.kind, "at": now_iso()}
+    # The tool-call exact match, only when the set had tool-call items to judge.
+    if getattr(result, "tool_call_exact", None) is not None:
+        summary.update({k: getattr(result, k) for k in TOOL_CALL_KEYS})
+    return summary
 
 
 def record_score(catalog: Catalog, sha256: str, result: ScoreFigures) -> list[str]:
@@ -252,6 +257,10 @@ def score_line(name: str, backend: str, score: dict[str, Any]) -> str:
     exact = score.get("exact_match")
     exact_text = ("n/a" if exact is None else
                   f"{exact:.1%} ({score.get('exact_matches')}/{score.get('exact_items')})")
+    calls = score.get("tool_call_exact")
+    if calls is not None:
+        exact_text += (f", tool-call exact match {calls:.1%} "
+                       f"({score.get('tool_call_matches')}/{score.get('tool_call_items')})")
     mean, ppl = score.get("mean_nll"), score.get("perplexity")
     stale = {True: "", False: " (stale: the identity changed since)",
              None: " (no longer in the catalog)"}[score.get("current")]

@@ -147,7 +147,10 @@ def _score_parser(sub: Any) -> None:
     score.add_argument("--profile", choices=OPENVINO_PROFILES, help=PROFILE_HELP)
     score.add_argument("--no-exact-match", action="store_false", dest="exact_match",
                        help="skip exact match (the greedy answer of each prompt+completion "
-                            "and messages item)")
+                            "and messages item) and the tool-call exact match (items whose "
+                            "answer is a tool call: an assistant turn with tool_calls, or a "
+                            "target that parses as one; the greedy answer's calls compared "
+                            "by function name and JSON-equal arguments)")
     score.add_argument("--json", action="store_true",
                        help="print every result as JSON, with per-token log-probabilities")
     ev = sub.add_parser("eval", help="evaluation sets of adapters").add_subparsers(

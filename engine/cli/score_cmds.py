@@ -50,11 +50,15 @@ def cmd_score(catalog: Catalog, args: argparse.Namespace) -> int:
     served = [r.backend + (f"/{r.openvino_profile}" if r.openvino_profile else "")
               for r in results]
     column = max(len("backend"), *(len(s) for s in served))
+    # The tool-call exact match, beside exact match, when the set has tool-call items.
+    calls = any(r.tool_call_exact is not None for r in results)
+    exact = max(len("exact match"), *(len(r.exact_text) for r in results))
     print(f"{'model':<{width}}  {'backend':<{column}}  items   tokens  mean NLL  perplexity  "
-          "exact match")
+          + (f"{'exact match':<{exact}}  tool-call exact" if calls else "exact match"))
     for r, backend in zip(results, served, strict=True):
         print(f"{r.name:<{width}}  {backend:<{column}} {r.items:>6} {r.tokens:>8}  "
-              f"{_num(r.mean_nll):>8}  {_num(r.perplexity):>10}  {r.exact_text}")
+              f"{_num(r.mean_nll):>8}  {_num(r.perplexity):>10}  "
+              + (f"{r.exact_text:<{exact}}  {r.tool_call_text}" if calls else r.exact_text))
     kept = sorted({name for r in results for name in r.recorded_on or ()})
     if kept:
         print("kept as the latest scores of the evaluation set of " + ", ".join(kept))

@@ -23,7 +23,7 @@ from engine import wire
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.errors import RefusedError, StudioError
-from engine.formats.templates import CHAT_ROLES, Message
+from engine.formats.templates import CHAT_ROLES, Message, ToolCall
 from engine.formats.tool_calls import MAX_TOOLS, CallDelta, Constraint, Tool
 from engine.runtime import protocol
 from engine.runtime.results import (
@@ -190,12 +190,15 @@ class ScoreItem(wire.Wire):
     `prompt.text` (raw text, not scored) then `target`, the completion. "chat":
     `prompt.messages` rendered with the chat template as served (generation prompt
     included, no profile system prompt added) then `target`, the last assistant turn.
-    `line` is where the item came from (1-based; 0 when it came from nowhere)."""
+    `line` is where the item came from (1-based; 0 when it came from nowhere).
+    `tool_calls`: the calls the answer must make (the data's assistant `tool_calls`;
+    `target` is then their text); a target that parses as tool calls is one too."""
 
     kind: Literal["text", "pair", "chat"]
     target: Annotated[str, wire.Size(1, None)]
     prompt: Prompt = field(default_factory=Prompt)
     line: Annotated[int, wire.Range(0, None)] = 0
+    tool_calls: tuple[ToolCall, ...] | None = field(default=None, metadata=wire.OMIT_NONE)
 
     def __post_init__(self) -> None:
         wire.check(self)

@@ -111,6 +111,9 @@ class ScoreRow(Result):
     answer: str | None
     # Every scored token's log-probability (only when the request asked for them).
     logprobs: tuple[float, ...] | None = field(default=None, metadata=wire.OMIT_NONE)
+    # An item whose answer is a tool call: do the greedy answer's calls equal it (by
+    # function name and JSON-equal arguments)? None for other items.
+    tool_call_exact: bool | None = field(default=None, metadata=wire.OMIT_NONE)
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,11 @@ class ScoreResult(Result):
     rows: tuple[ScoreRow, ...]
     # The adapters whose evaluation set kept this score (set by who records it).
     recorded_on: tuple[str, ...] | None = field(default=None, metadata=wire.OMIT_NONE)
+    # Tool-call exact match over the items whose answer is a tool call (None: none was
+    # judged). Defaults, so a result kept before it existed still reads.
+    tool_call_items: int = 0
+    tool_call_matches: int = 0
+    tool_call_exact: float | None = field(default=None, metadata=wire.OMIT_NONE)
 
     @property
     def exact_text(self) -> str:
@@ -143,6 +151,14 @@ class ScoreResult(Result):
         if self.exact_match is None:
             return "n/a"
         return f"{self.exact_match:.1%} ({self.exact_matches}/{self.exact_items})"
+
+    @property
+    def tool_call_text(self) -> str:
+        """The tool-call exact-match figure in words: "80.0% (4/5)", or "n/a"."""
+        if self.tool_call_exact is None:
+            return "n/a"
+        return (f"{self.tool_call_exact:.1%} "
+                f"({self.tool_call_matches}/{self.tool_call_items})")
 
 
 @dataclass(frozen=True)

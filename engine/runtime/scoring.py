@@ -12,7 +12,11 @@ Exact match decodes the greedy answer the way a served generation does (the prom
 prefill, then one token per step, through the same `Sampler` at temperature 0 and no
 repeat penalty) and stops as soon as the answer can no longer equal the target: a
 mismatching character, or an end token. So a base that answers in prose costs one or
-two steps, not a whole answer.
+two steps, not a whole answer. An item whose answer is a tool call (`ScoreItem.
+tool_calls`, or a target that parses as one: `engine.formats.tool_match`) is decoded to
+its end instead, and its calls compared with the expected ones by function name and
+JSON-equal arguments (`tool_call_exact`): a call written with other spacing or key
+order is the same call.
 
 The task is interleaved with generations by the host's scheduler, not run alone: each
 `advance` is one item's teacher-forced pass, one prompt chunk or one greedy token, and
@@ -38,6 +42,8 @@ import numpy as np
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.errors import Cancelled, ContextOverflowError, RefusedError, StudioError
+from engine.formats.templates import ToolCall
+from engine.formats.tool_match import parse_any, same_calls
 from engine.runtime import prompting
 from engine.runtime.backend import Context, ResidentModel, TextStream
 from engine.runtime.messages import Prompt, Score, ScoreItem
@@ -50,6 +56,9 @@ MAX_PER_TOKEN = 1_000_000
 # Greedy tokens an exact-match answer may take beyond the target's own count (another
 # tokenization of the same text may need a few more).
 EXTRA_ANSWER_TOKENS = 16
+# Greedy tokens a tool-call answer may take, per token of the target (its arguments may
+# be written with other spacing or key order).
+TOOL_ANSWER_FACTOR = 2
 # Greedy as in the demo's measurement: argmax, no repeat penalty.
 GREEDY = Sampling(temperature=0.0, repeat_penalty=1.0)
 
@@ -62,6 +71,8 @@ class Prepared:
     prompt: list[int]
     target: list[int]
     exact: bool  # does exact match apply (a pair or chat item with a prompt)
+    # The calls the answer must make (None: not a tool-call item).
+    calls: tuple[ToolCall, ...] | None = None
 
 
 def _line(item: ScoreItem) -> str:
@@ -111,7 +122,7 @@ def _tokenize(registry: SessionRegistry, spec: SessionSpec, item: ScoreItem,
     target = prompting.answer_tokens(model, item.target)
     if not prompt:  # an empty prompt: the first token has nothing to predict it
         return Prepared(item, target[:1], target[1:], False)
-    return Prepared(item, prompt, target, True)
+    return Prepared(item, prompt, target, True, item.tool_calls or parse_any(item.target))
 
 
 def teacher_forced(context: Context, prompt: list[int], target: list[int]
@@ -246,14 +257,24 @@ class ScoreTask:
             self.row = self._score(current)
             if self.request.exact_match and current.exact:
                 room = self.session.context.n_ctx - len(current.prompt) - 1
+                wanted = len(current.target) * (1 if current.calls is None
+                                                else TOOL_ANSWER_FACTOR)
+                # A tool-call answer is decoded whole (no target to stop early at): its
+                # calls may equal the target's in another spelling.
                 self.greedy = Greedy(self._model(), current.prompt,
-                                     max(1, min(len(current.target) + EXTRA_ANSWER_TOKENS,
-                                                room)), current.item.target)
+                                     max(1, min(wanted + EXTRA_ANSWER_TOKENS, room)),
+                                     current.item.target if current.calls is None else None)
                 return None
         elif self.greedy is not None:
             if not self.greedy.step(self.session.context):
                 return None
-            self.row["exact"], self.row["answer"] = self.greedy.exact, self.greedy.text
+            self.row["answer"] = self.greedy.text
+            if current.calls is None:
+                self.row["exact"] = self.greedy.exact
+            else:
+                self.row["exact"] = self.greedy.text == current.item.target
+                self.row["tool_call_exact"] = same_calls(
+                    parse_any(self.greedy.text) or (), current.calls)
         return self._next_item()
 
     def _score(self, current: Prepared) -> dict[str, Any]:
@@ -300,6 +321,7 @@ class ScoreTask:
         nll = sum(r.nll for r in self.rows)
         mean = nll / tokens if tokens else None
         judged = [r.exact for r in self.rows if r.exact is not None]
+        calls = [r.tool_call_exact for r in self.rows if r.tool_call_exact is not None]
         return ScoreResult(
             name=spec.name, kind=spec.kind, backend=spec.backend,
             identity=spec.identity.key, identity_short=spec.identity.short,
@@ -307,7 +329,9 @@ class ScoreTask:
             adapters=adapters_of(spec), items=len(self.rows), tokens=tokens, nll=nll,
             mean_nll=mean, perplexity=perplexity(mean), exact_items=len(judged),
             exact_matches=sum(judged), exact_match=sum(judged) / len(judged) if judged
-            else None, seconds=time.perf_counter() - self.started_at, rows=tuple(self.rows))
+            else None, seconds=time.perf_counter() - self.started_at, rows=tuple(self.rows),
+            tool_call_items=len(calls), tool_call_matches=sum(calls),
+            tool_call_exact=sum(calls) / len(calls) if calls else None)
 
 
 def perplexity(mean_nll: float | None) -> float | None:

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from engine.errors import RefusedError
 from engine.formats.safeio import open_regular
 from engine.formats.templates import ROLES, Message, TemplateError
+from engine.formats.tool_match import calls_from_openai
 
 MAX_DATA_BYTES = 1 << 30
 T = TypeVar("T")
@@ -216,20 +217,31 @@ def _parse_line(value: dict[str, Any], number: int, dpo: bool, n_vocab: int | No
             raise fail("messages must be a non-empty list")
         out = []
         for i, item in enumerate(items):
-            if (not isinstance(item, dict) or set(item) - {"role", "content"}
+            if (not isinstance(item, dict) or set(item) - {"role", "content", "tool_calls"}
                     or not isinstance(item.get("role"), str)
                     or not isinstance(item.get("content"), str)):
                 raise fail(f"message {i} must be an object with string role and content")
             if item["role"] not in ROLES:
                 raise fail(f"message {i} has unknown role {item['role']!r} "
                            f"(use {', '.join(ROLES)})")
-            out.append(Message(item["role"], item["content"]))
+            calls = None
+            if "tool_calls" in item:
+                # An expected tool call (OpenAI's shape): what a score set's tool-call
+                # exact match compares the greedy answer's calls with.
+                if item["role"] != "assistant":
+                    raise fail(f"message {i}: only an assistant message has tool_calls")
+                try:
+                    calls = calls_from_openai(item["tool_calls"])
+                except RefusedError as exc:
+                    raise fail(f"message {i}: {exc.message}") from None
+            out.append(Message(item["role"], item["content"], tool_calls=calls))
         if require_assistant:
             if not any(m.role == "assistant" for m in out):
                 raise fail("messages have no assistant turn to train on")
             if out[0].role == "assistant":
                 raise fail("messages start with an assistant turn (nothing to answer)")
-            if any(not m.content.strip() for m in out if m.role == "assistant"):
+            if any(not m.content.strip() and not m.tool_calls
+                   for m in out if m.role == "assistant"):
                 raise fail("an assistant turn is empty")
         elif out[-1].role == "assistant":
             raise fail("preference messages must end before the answer (the answers are "
@@ -376,6 +388,11 @@ def _encode(record: Record, tok: Any, seq_len: int, train_eot: bool) -> Example:
         pieces = [_completion(tok, tok.prompt_tokens(record.prompt) if record.prompt else [],
                               record.completion, train_eot, record.line)]
     elif record.kind == "chat":
+        if any(m.tool_calls for m in record.messages):
+            # Scored, not trained yet: the answer's text depends on the model's tool
+            # format, which training does not render (issue 27, part 4).
+            raise fail("assistant tool_calls can be scored (score, Evaluate) but not "
+                       "trained yet")
         pieces = [_chat(tok, list(record.messages), train_eot, record.line)]
     else:
         pieces = []

@@ -7,9 +7,12 @@ Two kinds of file (`engine.catalog.evaluation.format_of` decides by the name):
   refused with its number exactly as training refuses it): `{"text": ...}` scores every
   token but the first; `{"prompt": ..., "completion": ...}` the completion only;
   `{"messages": [...]}` the last assistant turn only, after the messages before it
-  rendered with the chat template as served. Weights and bookkeeping keys are ignored;
-  preference lines and token lines (`{"tokens": [...]}`: a score is of text as served,
-  and token ids have no text to serve) are refused, with their line numbers.
+  rendered with the chat template as served. An assistant turn with `tool_calls`
+  (OpenAI's shape) is a tool-call item: its target is the calls in the generic format
+  (`engine.formats.tool_calls`), and exact match also judges the calls themselves.
+  Weights and bookkeeping keys are ignored; preference lines and token lines
+  (`{"tokens": [...]}`: a score is of text as served, and token ids have no text to
+  serve) are refused, with their line numbers.
 - Any other file is text: each non-empty line is one item, scored whole (its first token
   has nothing before it, so it is not scored). Lines, not the whole file, so a long file
   never overflows the context and each line gets its own figures.
@@ -34,6 +37,7 @@ from engine.catalog.resolve import resolve
 from engine.catalog.store import Catalog
 from engine.errors import UsageError
 from engine.formats.safeio import open_regular
+from engine.formats.tool_calls import write_calls
 from engine.runtime import messages
 from engine.runtime.client import EngineClient
 from engine.runtime.results import ScoreResult
@@ -95,9 +99,15 @@ def _item(record: data.Record) -> messages.ScoreItem:
         return messages.ScoreItem("pair", record.completion,
                                   messages.Prompt(text=record.prompt or ""), record.line)
     last = max(i for i, m in enumerate(record.messages) if m.role == "assistant")
-    return messages.ScoreItem("chat", record.messages[last].content,
+    answer = record.messages[last]
+    target = answer.content
+    if answer.tool_calls:
+        # Expected calls: scored as their generic-format text, judged as calls.
+        calls = write_calls(answer.tool_calls, "generic")
+        target = f"{answer.content}\n{calls}" if answer.content.strip() else calls
+    return messages.ScoreItem("chat", target,
                               messages.Prompt(messages=record.messages[:last], chat=True),
-                              record.line)
+                              record.line, answer.tool_calls)
 
 
 def _read_lines(path: Path) -> ScoreSet:
