@@ -5,7 +5,8 @@ the evaluation set of the adapter selected in the library) and runs: the file is
 and checked off the GUI thread (`gui.tasks.Task`, the training data's own line checks),
 then each model is one engine `Score` request through the window's client, its `Reply`
 driving the progress bar; Cancel stops the running reply. Each model's figures land in
-the table (items, tokens, mean NLL per token, perplexity, exact match) and in a chart of
+the table (items, tokens, mean NLL per token, perplexity, exact match, and the tool-call
+exact match of items whose answer is a tool call) and in a chart of
 its own (`gui.widgets.score_chart`) as soon as it is scored. A score of an adapter's
 attached evaluation set is kept in the catalog (`engine.catalog.evaluation`) and
 announced on `CatalogEvents` ("evaluation"), so the detail pane shows it.
@@ -54,7 +55,10 @@ from gui.tasks import Task
 from gui.widgets.score_chart import ScoreChart
 
 NameRole = Qt.ItemDataRole.UserRole + 1
-COLUMNS = ("Model", "Backend", "Items", "Tokens", "Mean NLL", "Perplexity", "Exact match")
+# "Tool-call exact": the greedy answers' tool calls against the expected ones (items
+# whose answer is a tool call; "n/a" for a set without any).
+COLUMNS = ("Model", "Backend", "Items", "Tokens", "Mean NLL", "Perplexity", "Exact match",
+           "Tool-call exact")
 BACKENDS = (("each model's own", None), ("llama.cpp", "llama"), ("OpenVINO", "openvino"))
 
 
@@ -369,7 +373,8 @@ class EvaluateView(QWidget):
         row = self.table.rowCount()
         self.table.insertRow(row)
         cells = (result.name, result.backend, str(result.items), str(result.tokens),
-                 _num(result.mean_nll), _num(result.perplexity), result.exact_text)
+                 _num(result.mean_nll), _num(result.perplexity), result.exact_text,
+                 result.tool_call_text)
         for column, text in enumerate(cells):
             item = QTableWidgetItem(text)
             if column >= 2:

@@ -6,6 +6,7 @@ switch of variant that stops the run and hears nothing more of it."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,15 @@ from engine.catalog.store import AdapterSpec, Catalog
 from engine.curated import setup
 from engine.curated.demo import ADAPTER_NAME, VARIANT_NAME
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
+from engine.formats.templates import ToolCall
 from engine.runtime.messages import Compare
 from engine.runtime.results import CompareResult
-from gui.controllers.compare import CompareController
+from gui.controllers.compare import (
+    CompareController,
+    comparison_markdown,
+    summary_text,
+    tool_call_text,
+)
 from tests.gui_helpers import FakeEngine, generation_result
 
 
@@ -156,3 +163,32 @@ def test_a_switch_stops_the_run_and_hears_nothing_more_of_it(catalog: Catalog) -
 
     controller.choose(None)
     assert "No variant to compare yet" in listener.summaries[-1]
+
+
+def test_the_summary_says_where_the_tool_calls_differ() -> None:
+    weather = '{"tool": "get_weather", "args": {"city": "Paris", "unit": "c"}}'
+    tagged = ('<tool_call>\n{"name": "get_weather", "arguments": '
+              '{"unit": "c", "city": "Paris"}}\n</tool_call>')
+
+    def words(base: str, variant: str) -> str | None:
+        return tool_call_text(compare_result(base, variant, 0))
+
+    # The same call in two formats and key orders is the same call.
+    assert words(weather, tagged) == "same call"
+    assert words(weather, weather.replace("get_weather", "get_time")) == \
+        "different tool: get_weather vs get_time"
+    assert words(weather, weather.replace("Paris", "Rome").replace('"c"', '"f"')) == \
+        "same tool, different arguments: city, unit"
+    assert words("It is sunny.", weather) == "only the variant calls a tool: get_weather"
+    assert words("It is sunny.", "It rains.") is None
+    # The engine's own calls (a request with tools) count before the text.
+    with_calls = compare_result("Let me look.", "Sure.", 0)
+    called = replace(with_calls, variant=replace(with_calls.variant, tool_calls=(
+        ToolCall("call_1", "get_weather", '{"city": "Paris"}'),)))
+    assert tool_call_text(called) == "only the variant calls a tool: get_weather"
+    text = summary_text(compare_result(weather, weather.replace("Paris", "Rome"), 40))
+    assert "<b>Tool calls: same tool, different arguments: city</b>." in text
+    assert "Tool calls" not in summary_text(compare_result("a", "b", 0))
+    markdown = comparison_markdown({"prompt": {"text": "Weather?"}, "sampling": {}},
+                                   compare_result(weather, tagged, None))
+    assert "**Tool calls:** same call" in markdown

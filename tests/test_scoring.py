@@ -337,10 +337,13 @@ def test_the_evaluate_view_runs_shows_progress_keeps_scores_and_cancels(
     assert not view.running() and view.run_button.isEnabled()
     assert progress and progress[-1] == 1000 and any(0 < p < 1000 for p in progress)
     assert view.table.rowCount() == 2
-    cells = [[view.table.item(r, c).text() for c in range(7)] for r in range(2)]
+    cells = [[view.table.item(r, c).text() for c in range(8)] for r in range(2)]
     assert [c[:4] for c in cells] == [[BASE, "llama", "3", cells[0][3]],
                                       [VARIANT, "llama", "3", cells[0][3]]]
     assert cells[0][6] == "0.0% (0/3)" and cells[1][6] == "66.7% (2/3)"
+    # The demo's answers are tool calls ({"tool", "args"}): judged as calls too, where
+    # every exact answer is also the same call.
+    assert cells[0][7] == "0.0% (0/3)" and cells[1][7] in ("66.7% (2/3)", "100.0% (3/3)")
     assert float(cells[1][4]) < float(cells[0][4])
     assert [c.series.count() for c in view.charts] == [3, 3]
     assert [c.misses.count() for c in view.charts] == [3, 1]  # every base row; line 21

@@ -11,7 +11,8 @@ new labels; a variant chosen (again, or after a restart) shows its latest compar
 while that comparison is still of the variant as it is (the same identity), so switching
 away and back loses nothing. It tells its view what changed through a
 `CompareListener`; the view (`gui.compare`) renders the texts, the marks and the plot.
-No Qt here.
+When either side's answer is a tool call (`engine.formats.tool_match`), the summary says
+whether both call the same tool with the same arguments. No Qt here.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from typing import Any, Protocol
 from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
+from engine.formats.templates import ToolCall
+from engine.formats.tool_match import difference, parse_any
 from engine.runtime import assembly
 from engine.runtime.messages import Compare, Prompt
 from engine.runtime.results import CompareResult, GenerationResult
@@ -123,10 +126,22 @@ def _switched_off(result: CompareResult) -> bool:
     return bool(scales) and all(s == 0 for s in scales)
 
 
+def calls_of(result: GenerationResult) -> tuple[ToolCall, ...] | None:
+    """A side's tool calls: the engine's (a request with tools), else what its text
+    makes in any format (a variant trained to answer with calls, asked without tools)."""
+    return result.tool_calls or parse_any(result.text)
+
+
+def tool_call_text(result: CompareResult) -> str | None:
+    """Where the two sides' tool calls differ, in plain words ("same call", "different
+    tool: a vs b", "same tool, different arguments: city"); None when neither calls."""
+    return difference(calls_of(result.base), calls_of(result.variant))
+
+
 def summary_text(result: CompareResult) -> str:
-    """The finished comparison in plain words, for anyone: where the answers part ways
-    and how much the adapter changes the model's choices (the figures behind it are in
-    `summary_details`)."""
+    """The finished comparison in plain words, for anyone: where the answers part ways,
+    where their tool calls differ (when either answer is one), and how much the adapter
+    changes the model's choices (the figures behind it are in `summary_details`)."""
     div = result.first_divergence
     effect = result.adapter_effect
     where = ("The two answers are the same." if div is None else
@@ -140,6 +155,9 @@ def summary_text(result: CompareResult) -> str:
     else:
         scale = effect_scale(effect)
         figure = f"<b>Adapter effect: {scale}</b> — {EFFECT_WORDS[scale]}."
+    calls = tool_call_text(result)
+    if calls is not None:
+        where += f" <b>Tool calls: {html.escape(calls)}</b>."
     return f"{where} {figure}"
 
 
@@ -189,6 +207,9 @@ def comparison_markdown(params: dict[str, Any], result: CompareResult) -> str:
         lines += ["", f"{fence}text", r.text, fence]
     div = result.first_divergence
     effect = result.adapter_effect
+    calls = tool_call_text(result)
+    if calls is not None:
+        lines += ["", f"**Tool calls:** {calls}"]
     lines += ["", f"**First divergence:** {'none' if div is None else f'token {div}'}",
               "", f"**Adapter effect:** {'n/a' if effect is None else f'{effect:.4f}'} "
               "nats/token (mean |Δ log p| of the base's tokens under the variant)", ""]
