@@ -5,7 +5,10 @@ API key: the engine's `ServeConfig` refuses otherwise, and its message is shown 
 typed), the port (0: a free one, chosen at start), the key, which bases and variants are
 offered (checkboxes; a running server follows them at once), a copyable `curl` and
 Python `openai` example for the chosen model with the exact URL and key in use, and a
-live log of the requests served (from `ServerController.requestLogged`).
+live log of the requests: each one served or refused, with its status and the error's
+message (a client's 400, 401 and 404 are what someone debugging it looks for), and a
+generation while it runs, saying when the engine is loading the model first (the first
+request after Start waits for it) (`ServerController.requestLogged`, `requestStarted`).
 
 What is remembered (in the window's settings file, which holds the key and is made
 readable by its owner only): address, port, key, the models *not* offered (so a new
@@ -18,6 +21,7 @@ not, by itself, a request to listen on a port at the next start (the panel says 
 from __future__ import annotations
 
 import dataclasses
+import http
 import json
 import os
 import secrets
@@ -26,7 +30,7 @@ import time
 from typing import Any
 
 from PySide6.QtCore import QSettings, Qt, QTimer
-from PySide6.QtGui import QGuiApplication, QStandardItem, QStandardItemModel
+from PySide6.QtGui import QColor, QGuiApplication, QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -50,7 +54,7 @@ from PySide6.QtWidgets import (
 
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
-from engine.serve.app import LogEntry
+from engine.serve.app import LogEntry, Pending
 from engine.serve.config import DEFAULT_HOST, DEFAULT_PORT, ServeConfig, is_loopback
 from engine.state import recent
 from gui.catalog_events import CatalogEvents, touches
@@ -58,7 +62,9 @@ from gui.controllers.server import ServerController
 
 LOG_ROWS = recent.REQUESTS
 LOG_SAVE_MS = 1000  # new log rows are written this long after they arrive, together
-COLUMNS = ("time", "model", "identity", "prompt", "completion", "tok/s", "status")
+COLUMNS = ("time", "status", "model", "identity", "prompt", "completion", "tok/s",
+           "message")
+MESSAGE = COLUMNS.index("message")
 HOSTS = (("127.0.0.1", "127.0.0.1 — this computer only"),
          ("0.0.0.0", "0.0.0.0 — every network interface (needs a key)"))
 EXAMPLE_MESSAGE = "Hello!"
@@ -96,6 +102,29 @@ def python_example(base_url: str, model: str, key: str | None) -> str:
     ])
 
 
+def status_text(status: int) -> str:
+    """A status as a log row shows it: its code and HTTP's phrase ("404 Not Found")."""
+    if status == 499:  # nginx's, not in HTTP's table: the client went away
+        return "499 Client Closed Request"
+    try:
+        return f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        return str(status)
+
+
+def message_text(entry: LogEntry) -> str:
+    """The row's last column: why it failed, or what was answered and how long it took."""
+    if entry.reason:
+        return entry.reason
+    return f"{entry.path} · {entry.seconds:.2f} s"
+
+
+def pending_text(pending: Pending) -> str:
+    if pending.loading:
+        return f"loading {pending.base}…"
+    return "answering…"
+
+
 def log_entry(item: dict[str, Any]) -> LogEntry | None:
     """A kept log row as the server reported it; None when it does not read as one."""
     known = {f.name for f in dataclasses.fields(LogEntry)}
@@ -105,7 +134,7 @@ def log_entry(item: dict[str, Any]) -> LogEntry | None:
     if (any(not isinstance(values.get(k), int | float) or isinstance(values.get(k), bool)
             for k in numbers)
             or any(not isinstance(values.get(k, ""), str)
-                   for k in ("path", "model", "identity", "reason"))):
+                   for k in ("path", "model", "identity", "reason", "id"))):
         return None
     try:
         return LogEntry(**values)
@@ -155,6 +184,12 @@ class ServerPanel(QWidget):
         self.state_label = QLabel()
         self.state_label.setWordWrap(True)
         self.state_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        # What a running server is doing now: "Loading <base>…" while its engine loads a
+        # model for a request (tens of seconds at a first request, which looks hung
+        # without it).
+        self.activity = QLabel()
+        self.activity.setWordWrap(True)
+        self.activity.hide()
         form_box = QGroupBox("Server")
         form = QFormLayout(form_box)
         form.addRow("Address", self.host)
@@ -217,11 +252,20 @@ class ServerPanel(QWidget):
         self.log_view.setModel(self.log_model)
         self.log_view.setAccessibleName("Requests served")
         self.log_view.verticalHeader().hide()
+        # One line a row: the style's default row height showed two rows at 1024×700.
+        self.log_view.verticalHeader().setDefaultSectionSize(
+            self.log_view.fontMetrics().height() + 6)
         self.log_view.setEditTriggers(QTableView.EditTrigger.NoEditTriggers)
-        self.log_view.horizontalHeader().setSectionResizeMode(
-            QHeaderView.ResizeMode.Interactive)
-        self.log_view.horizontalHeader().setStretchLastSection(True)
+        # The short columns as wide as what they hold, the message takes the rest of the
+        # panel's width (elided, whole in the tooltip); the user can still drag them.
+        header = self.log_view.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(MESSAGE, QHeaderView.ResizeMode.Stretch)
+        header.setMinimumSectionSize(40)
         self.log_view.setWordWrap(False)
+        self.log_view.setTextElideMode(Qt.TextElideMode.ElideRight)
+        # Rows of generations still running, by reply id (replaced by their outcome).
+        self._pending_rows: dict[str, tuple[QStandardItem, Pending]] = {}
         self.clear_log = QPushButton("Clear")
         self.clear_log.clicked.connect(self.clear_requests)
         # The log is kept across restarts (engine.state.recent): an earlier run's rows
@@ -235,24 +279,32 @@ class ServerPanel(QWidget):
         self._save_timer.timeout.connect(self.save_log)
         log_box = QGroupBox("Requests")
         log_layout = QVBoxLayout(log_box)
+        log_layout.addWidget(self.activity)
         log_layout.addWidget(self.log_view, 1)
         log_layout.addWidget(self.clear_log, 0, Qt.AlignmentFlag.AlignRight)
 
+        # The settings and the examples side by side, the request log below across the
+        # whole width: its eight columns need it (beside the examples they were squeezed
+        # into a third of the window).
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.addWidget(form_box)
         left_layout.addWidget(exposed_box, 1)
-        right = QSplitter(Qt.Orientation.Vertical)
-        right.addWidget(example_box)
-        right.addWidget(log_box)
-        right.setSizes([260, 300])
-        splitter = QSplitter()
-        splitter.addWidget(left)
-        splitter.addWidget(right)
-        splitter.setStretchFactor(1, 2)
+        top = QSplitter()
+        top.addWidget(left)
+        top.addWidget(example_box)
+        top.setStretchFactor(0, 1)
+        top.setStretchFactor(1, 1)
+        top.setChildrenCollapsible(False)
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.addWidget(top)
+        self.splitter.addWidget(log_box)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
-        layout.addWidget(splitter)
+        layout.addWidget(self.splitter)
 
         self._restore()
         for signal in (self.host.currentTextChanged, self.key.textChanged,
@@ -261,6 +313,7 @@ class ServerPanel(QWidget):
         self.autostart.toggled.connect(lambda on: self._save(autostart=on))
         controller.stateChanged.connect(self._state_changed)
         controller.requestLogged.connect(self.add_log_row)
+        controller.requestStarted.connect(self.add_pending_row)
         self._show_kept_log()
         events.catalogChanged.connect(self._catalog_changed)
         self.reload_models()
@@ -499,6 +552,24 @@ class ServerPanel(QWidget):
 
     # ---------------------------------------------------------------- log
 
+    def add_pending_row(self, pending: Pending) -> None:
+        """A generation that reached the engine: shown until its outcome replaces it."""
+        values = (time.strftime("%H:%M:%S", time.localtime(pending.time)), "…",
+                  pending.model, "", "", "", "", pending_text(pending))
+        items = [QStandardItem(value) for value in values]
+        for item in items:
+            item.setToolTip(f"{pending.path}: running")
+        self._pending_rows[pending.id] = (items[0], pending)
+        self._append(items)
+        self._show_activity()
+
+    def _show_activity(self) -> None:
+        names = sorted({pending.base for item, pending in self._pending_rows.values()
+                        if pending.loading and item.row() >= 0})
+        self.activity.setText(f"Loading {', '.join(names)}… a model's first request "
+                              "waits until the engine has it in memory." if names else "")
+        self.activity.setVisible(bool(names))
+
     def add_log_row(self, entry: LogEntry) -> None:
         """A request served (or refused): shown, and kept for the next start."""
         self._show_log_row(entry)
@@ -517,6 +588,8 @@ class ServerPanel(QWidget):
 
     def clear_requests(self) -> None:
         self.log_model.removeRows(0, self.log_model.rowCount())
+        self._pending_rows.clear()
+        self._show_activity()
         self._save_timer.stop()
         self._unsaved = []
         try:
@@ -535,23 +608,35 @@ class ServerPanel(QWidget):
                 self._show_log_row(entry)
 
     def _show_log_row(self, entry: LogEntry) -> None:
-        values = (time.strftime("%H:%M:%S", time.localtime(entry.time)), entry.model,
-                  entry.identity or "—", str(entry.prompt_tokens),
-                  str(entry.completion_tokens), f"{entry.tokens_per_second:.1f}",
-                  str(entry.status))
-        items = []
-        for value in values:
-            item = QStandardItem(value)
-            item.setToolTip(f"{entry.path} · {entry.seconds:.2f} s"
-                            + (f"\n{entry.reason}" if entry.reason else ""))
-            items.append(item)
-        if entry.status >= 400:
-            for item in items:
-                item.setForeground(Qt.GlobalColor.red)
+        failed = entry.status >= 400
+        values = (time.strftime("%H:%M:%S", time.localtime(entry.time)),
+                  status_text(entry.status), entry.model or "—", entry.identity or "—",
+                  "" if failed else str(entry.prompt_tokens),
+                  "" if failed else str(entry.completion_tokens),
+                  "" if failed else f"{entry.tokens_per_second:.1f}", message_text(entry))
+        tip = f"{entry.path} · {status_text(entry.status)} · {entry.seconds:.2f} s" + (
+            f"\n{entry.reason}" if entry.reason else "")
+        pending = self._pending_rows.pop(entry.id, None) if entry.id else None
+        row = pending[0].row() if pending is not None else -1
+        if row >= 0:  # the running request's row, in place
+            items = [self.log_model.item(row, column) for column in range(len(COLUMNS))]
+            for item, value in zip(items, values, strict=True):
+                item.setText(value)
+        else:
+            items = [QStandardItem(value) for value in values]
+        for item in items:
+            item.setToolTip(tip)
+            if failed:
+                # The palette's own red would be the theme's; this one reads on both.
+                item.setForeground(QColor("#d23c3c"))
+        if row < 0:
+            self._append(items)
+        self._show_activity()
+
+    def _append(self, items: list[QStandardItem]) -> None:
         self.log_model.appendRow(items)
         while self.log_model.rowCount() > LOG_ROWS:
             self.log_model.removeRow(0)
-        self.log_view.resizeColumnsToContents()
         self.log_view.scrollToBottom()
 
     def log_rows(self) -> list[list[str]]:

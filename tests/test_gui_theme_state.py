@@ -210,7 +210,7 @@ def test_the_request_log_is_kept_across_a_restart(window: MainWindow, qtbot) -> 
     window.server.add_log_row(served)
     window.server.add_log_row(refused)
     rows = window.server.log_rows()
-    assert [r[-1] for r in rows] == ["200", "404"]
+    assert [r[1] for r in rows] == ["200 OK", "404 Not Found"]
     # Written a moment after they arrive, whether or not the window quits after.
     qtbot.waitUntil(lambda: len(recent.requests().load()) == 2, timeout=SHORT)
 

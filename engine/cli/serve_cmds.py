@@ -13,11 +13,13 @@ from engine.serve.server import serve
 
 
 def log_line(entry: LogEntry) -> None:
-    """One stderr line per request: time, status, model, identity, tokens, speed."""
+    """One stderr line per request: time, status, model, identity, tokens, speed, and
+    why it failed (a refused request is logged too)."""
     print(f"{time.strftime('%H:%M:%S', time.localtime(entry.time))} {entry.status} "
           f"{entry.path} {entry.model} [{entry.identity or '-'}] {entry.prompt_tokens}+"
           f"{entry.completion_tokens} tokens {entry.tokens_per_second:.1f} tok/s "
-          f"{entry.seconds:.2f} s", file=sys.stderr, flush=True)
+          f"{entry.seconds:.2f} s" + (f": {entry.reason}" if entry.reason else ""),
+          file=sys.stderr, flush=True)
 
 
 def cmd_serve(catalog: Catalog, args: argparse.Namespace) -> int:

@@ -11,6 +11,12 @@ reports. Warm state is never shared across identities, whatever the prompts.
 loopback, so a web page cannot reach the server through DNS rebinding), the API key
 (constant-time comparison) and the body size. CORS headers are sent only for the
 origin given with `--cors-origin`.
+
+The request log (`ServerState.record`, what the Server panel and `serve`'s stderr show)
+holds every generation that reached the engine and every request answered with an
+error, whichever step refused it (the guard, a malformed body, an unknown model or
+endpoint), with its status and message. A generation is announced (`Pending`) when it
+reaches the engine, saying whether the engine must load its base first.
 """
 
 from __future__ import annotations
@@ -67,6 +73,21 @@ class LogEntry:
     status: int
     seconds: float
     reason: str = ""  # why a request failed ("" when it was served)
+    id: str = ""  # the reply's id, as its `Pending` announced it ("" when refused early)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A generation that reached the engine and has not ended yet: the Server panel shows
+    it at once (a first request waits while the engine loads the model, 20 s for a small
+    one on a laptop, and a user must see why), then replaces it with its `LogEntry`."""
+
+    id: str
+    time: float
+    path: str
+    model: str
+    base: str  # the base model's name: what is loading
+    loading: bool  # the engine has not served this base since it started
 
 
 @dataclass
@@ -76,13 +97,37 @@ class ServerState:
     models: ServedModels
     log: deque[LogEntry] = dataclasses.field(default_factory=lambda: deque(maxlen=LOG_ENTRIES))
     listeners: list[Callable[[LogEntry], None]] = dataclasses.field(default_factory=list)
+    pending_listeners: list[Callable[[Pending], None]] = dataclasses.field(
+        default_factory=list)
     started: float = dataclasses.field(default_factory=time.time)
+    # (backend, base path) the engine answered for since its process started: a request
+    # for another one makes the engine load its base first.
+    warm: set[tuple[str, str]] = dataclasses.field(default_factory=set)
 
     def record(self, entry: LogEntry) -> None:
         self.log.append(entry)
         for listener in list(self.listeners):
             with contextlib.suppress(Exception):  # a listener must not break serving
                 listener(entry)
+
+    def refused(self, path: str, model: str, error: ApiError) -> None:
+        """A request answered with an error before it reached the engine (a bad key, a
+        malformed body, an unknown model or endpoint): logged with its status and
+        message, which is what someone debugging a client looks for."""
+        self.record(LogEntry(time.time(), path, model, "", 0, 0, 0.0, error.status, 0.0,
+                             error.message))
+
+    def loading(self, spec: SessionSpec) -> bool:
+        """Whether the engine must load this request's base before answering."""
+        running = getattr(self.bridge.client, "running", None)
+        if callable(running) and not running():
+            self.warm.clear()  # a new engine process (at start, or after a crash) is cold
+        return (spec.backend, spec.base_path) not in self.warm
+
+    def announce(self, pending: Pending) -> None:
+        for listener in list(self.pending_listeners):
+            with contextlib.suppress(Exception):  # a listener must not break serving
+                listener(pending)
 
 
 # --------------------------------------------------------------------------- guard
@@ -92,9 +137,11 @@ class Guard:
     """Host header, API key and body size, checked before anything else (pure ASGI, so
     streaming and disconnects pass through untouched)."""
 
-    def __init__(self, app: Any, config: ServeConfig) -> None:
+    def __init__(self, app: Any, config: ServeConfig, state: ServerState | None = None
+                 ) -> None:
         self.app = app
         self.config = config
+        self.state = state  # where its refusals are logged
         self.key = config.api_key.encode() if config.api_key else None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
@@ -104,13 +151,14 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1")
                    for k, v in scope.get("headers", [])}
         error = self._check(scope, headers)
-        if error is not None:
-            await error.response()(scope, receive, send)
-            return
         length = headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) >
-                                   self.config.max_body_bytes):
-            await _too_large(self.config).response()(scope, receive, send)
+        if error is None and length is not None and (
+                not length.isdigit() or int(length) > self.config.max_body_bytes):
+            error = _too_large(self.config)
+        if error is not None:
+            if self.state is not None:
+                self.state.refused(scope.get("path", ""), "", error)
+            await error.response()(scope, receive, send)
             return
         seen = 0
 
@@ -163,6 +211,7 @@ async def list_models(request: Request) -> Response:
 async def get_model(request: Request) -> Response:
     state = state_of(request)
     name = request.path_params["model"]
+    request.state.model = name[:200]  # for the request log, if it fails
     state.models.spec(name)  # 404 for an unknown name
     entry = state.models.entry(name)
     if entry is None:
@@ -251,6 +300,7 @@ async def _serve(request: Request, state: ServerState, snapshot: Snapshot, body:
     generate = _generate(state, snapshot, body, prompt, constraint)
     spec = generate.spec
     reply = Reply(state, request.url.path, spec, chat, body)
+    reply.loading = state.loading(spec)
     headers = {"x-variant-identity": spec.identity.key}
     if body.stream:
         state.bridge.check_capacity()  # a full queue is a 429, before the stream's 200
@@ -275,17 +325,25 @@ class Reply:
         self.created = int(time.time())
         self.started = time.monotonic()
         self.fingerprint = f"vs-{__version__}-{spec.identity.short}"
+        self.loading = False  # the engine loads the base first (`ServerState.loading`)
+
+    def _begin(self) -> None:
+        """Submitted to the engine: the panel shows the request while it runs."""
+        self.state.announce(Pending(self.id, time.time(), self.path, self.spec.name,
+                                    self.spec.base_name, self.loading))
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created,
                 "model": self.spec.name, "system_fingerprint": self.fingerprint}
 
     def _log(self, status: int, result: GenerationResult | None, reason: str = "") -> None:
+        if result is not None:  # the engine holds this base now
+            self.state.warm.add((self.spec.backend, self.spec.base_path))
         self.state.record(LogEntry(
             time.time(), self.path, self.spec.name, self.spec.identity.short,
             result.prompt_tokens if result else 0, len(result.token_ids) if result else 0,
             result.tokens_per_second if result else 0.0, status,
-            time.monotonic() - self.started, reason))
+            time.monotonic() - self.started, reason, self.id))
 
     @staticmethod
     def usage(result: GenerationResult) -> dict[str, int]:
@@ -298,6 +356,7 @@ class Reply:
     async def whole(self, generate: m.Generate, request: Request) -> dict[str, Any]:
         tokens: list[m.Token] = []
         async with self.state.bridge.stream(generate) as events:
+            self._begin()
             gone = asyncio.ensure_future(_disconnected(request))
             try:
                 async for event in _until(events, gone):
@@ -386,6 +445,7 @@ class Reply:
         result: GenerationResult | None = None
         try:
             async with self.state.bridge.stream(generate) as events:
+                self._begin()
                 if self.chat:
                     yield chunk("", None, role=True)
                 async for event in events:
@@ -460,17 +520,13 @@ async def _until(events: AsyncIterator[m.Event], gone: asyncio.Future
 # --------------------------------------------------------------------------- errors
 
 
-COMPLETION_PATHS = ("/v1/chat/completions", "/v1/completions")
-
-
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    if request.url.path in COMPLETION_PATHS and not exc.logged:
+    if not exc.logged:
         # Refused before a reply existed (a bad field, an unknown model, a schema that
         # cannot be compiled): the request log shows it too, with the reason.
-        state_of(request).record(LogEntry(
-            time.time(), request.url.path, getattr(request.state, "model", ""), "", 0, 0,
-            0.0, exc.status, 0.0, exc.message))
+        state_of(request).refused(request.url.path, getattr(request.state, "model", ""),
+                                  exc)
     return exc.response()
 
 
@@ -479,16 +535,19 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     message = {404: f"no such endpoint: {request.method} {request.url.path}",
                405: f"{request.method} is not allowed on {request.url.path}"}.get(
         exc.status_code, str(exc.detail))
-    return ApiError(exc.status_code, message, None, "not_found" if exc.status_code == 404
-                    else None).response()
+    error = ApiError(exc.status_code, message, None, "not_found" if exc.status_code == 404
+                     else None)
+    # A client with a wrong base URL (no /v1) sees its 404s in the log.
+    state_of(request).refused(request.url.path, "", error)
+    return error.response()
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     # Never a traceback in a response: the type is enough for a bug report.
-    if isinstance(exc, StudioError):
-        return from_studio_error(exc).response()
-    return ApiError(500, f"internal error ({type(exc).__name__})", None,
-                    "internal_error").response()
+    error = from_studio_error(exc) if isinstance(exc, StudioError) else ApiError(
+        500, f"internal error ({type(exc).__name__})", None, "internal_error")
+    state_of(request).refused(request.url.path, getattr(request.state, "model", ""), error)
+    return error.response()
 
 
 def create_app(config: ServeConfig, bridge: EngineBridge,
@@ -516,4 +575,4 @@ def create_app(config: ServeConfig, bridge: EngineBridge,
 
 def guarded(app: Starlette, config: ServeConfig) -> Guard:
     """The app behind its guard: what the HTTP server runs."""
-    return Guard(app, config)
+    return Guard(app, config, app.state.server)

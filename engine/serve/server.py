@@ -19,7 +19,7 @@ import uvicorn
 
 from engine.catalog.store import Catalog
 from engine.runtime.client import EngineClient
-from engine.serve.app import LogEntry, ServerState, create_app, guarded
+from engine.serve.app import LogEntry, Pending, ServerState, create_app, guarded
 from engine.serve.bridge import EngineBridge
 from engine.serve.config import ServeConfig
 from engine.state import presence
@@ -73,10 +73,14 @@ def _bind(config: ServeConfig) -> socket.socket:
 
 
 class ServerThread:
-    """The server in a background thread: `start()`, then `port`, `state`, `stop()`."""
+    """The server in a background thread: `start()`, then `port`, `state`, `stop()`.
+
+    `on_request` hears each logged request, `on_pending` each generation as it reaches
+    the engine; both are called on the server's thread."""
 
     def __init__(self, config: ServeConfig, catalog: Catalog | None = None,
-                 on_request: Callable[[LogEntry], None] | None = None) -> None:
+                 on_request: Callable[[LogEntry], None] | None = None,
+                 on_pending: Callable[[Pending], None] | None = None) -> None:
         self.config = config
         self._announced = _Announced()
         self.client = self._announced.client = engine_client(config, self._announced.engine)
@@ -84,6 +88,8 @@ class ServerThread:
         self.state: ServerState = self.app.state.server
         if on_request is not None:
             self.state.listeners.append(on_request)
+        if on_pending is not None:
+            self.state.pending_listeners.append(on_pending)
         self._sock = _bind(config)  # bound now: a port in use fails here, not later
         self.port = self._sock.getsockname()[1]
         self._server = _uvicorn(config, guarded(self.app, config))

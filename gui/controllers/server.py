@@ -8,13 +8,14 @@ joins its thread and ends its engine: both run in a `Task`, so the window never
 freezes. The server reads the catalog on its own thread through its own `Catalog`
 (none is shared across threads).
 
-Every served request is reported by the server's `on_request` callback, on the
-server's thread; `_logged` is emitted there and, connected to `requestLogged` of this
-GUI-thread object, arrives queued on the GUI thread.
+Every served or refused request is reported by the server's `on_request` callback, on
+the server's thread; `_logged` is emitted there and, connected to `requestLogged` of
+this GUI-thread object, arrives queued on the GUI thread. A generation that reached the
+engine is announced the same way (`on_pending` -> `requestStarted`) before it ends.
 
 Signals: `stateChanged(state, detail)` with state "stopped", "starting", "running",
 "stopping" or "failed" (detail: the URL when running, the reason when it failed), and
-`requestLogged(LogEntry)`.
+`requestLogged(LogEntry)`, `requestStarted(Pending)`.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from engine.serve.server import ServerThread
 from gui.tasks import Task
 
 
-def _start(config: ServeConfig, catalog: Catalog, on_request: Any) -> ServerThread:
+def _start(config: ServeConfig, catalog: Catalog, on_request: Any, on_pending: Any
+           ) -> ServerThread:
     """Bind and start (on a worker thread); a port in use becomes a readable refusal."""
     try:
-        server = ServerThread(config, catalog, on_request)
+        server = ServerThread(config, catalog, on_request, on_pending)
     except OSError as exc:
         raise StudioError(f"cannot listen on {config.host}:{config.port}: "
                           f"{exc.strerror or exc}") from None
@@ -47,7 +49,9 @@ def _start(config: ServeConfig, catalog: Catalog, on_request: Any) -> ServerThre
 class ServerController(QObject):
     stateChanged = Signal(str, str)
     requestLogged = Signal(object)  # LogEntry, on the GUI thread
+    requestStarted = Signal(object)  # Pending, on the GUI thread
     _logged = Signal(object)  # emitted on the server's thread
+    _pending = Signal(object)  # emitted on the server's thread
 
     def __init__(self, catalog: Catalog, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -57,6 +61,7 @@ class ServerController(QObject):
         self.state = "stopped"
         self.task: Task | None = None
         self._logged.connect(self.requestLogged)  # queued: across threads
+        self._pending.connect(self.requestStarted)
 
     # ---------------------------------------------------------------- queries
 
@@ -88,8 +93,8 @@ class ServerController(QObject):
             return None
         self.config = config
         catalog = Catalog(self.catalog.state)  # the server thread's own
-        task = Task(lambda _progress, _cancelled: _start(config, catalog, self._logged.emit),
-                    self)
+        task = Task(lambda _progress, _cancelled: _start(config, catalog, self._logged.emit,
+                                                         self._pending.emit), self)
         task.succeeded.connect(self._started)
         task.failed.connect(lambda message: self._set("failed", message))
         task.done.connect(self._task_done)
