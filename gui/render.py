@@ -4,7 +4,10 @@ a message (Markdown itself, safely, is `gui.markdown`).
 - `message_html`: one message of a conversation, its label (who spoke, the model, its
   identity, speed and seed, the actions as links) above its body; `transcript_html`
   the whole conversation. An answer that is one JSON object or array (a tool call) is
-  shown as a formatted code block (`answer_markdown`), not as a paragraph.
+  shown as a formatted code block (`answer_markdown`), not as a paragraph. An answer's
+  tool calls are cards (`tool_call_html`: the function's name, its arguments as
+  formatted, highlighted JSON, and, while the call has no result, a "Reply with result"
+  link); a tool's result is labelled with the call it answers.
 - `StreamingMarkdown`: the answer being generated, as frames. A finished Markdown block
   is rendered once and never again; each frame renders only the unfinished block at the
   end. The speaker's label is rendered apart from the body (`message_head_html`), so the
@@ -26,14 +29,14 @@ from dataclasses import dataclass
 from engine.catalog import entries
 from engine.catalog.store import Catalog
 from engine.errors import StudioError
-from engine.state.conversations import ChatMessage
+from engine.state.conversations import ChatMessage, ChatToolCall
 from gui.markdown import CODE_STYLE, Rendered, fence_for, finished_length, markdown_html, render
 
 __all__ = ["BACKEND_LABELS", "CODE_STYLE", "EMPTY_BODY", "TAIL_START", "TOKEN_START",
            "StreamFrame", "StreamingMarkdown", "answer_markdown", "markdown_html",
            "marked_markdown", "marked_source", "message_body_html", "message_head_html",
            "message_html", "purpose_html", "streaming_head_html", "streaming_markdown",
-           "transcript_html"]
+           "tool_call_html", "transcript_html", "unanswered_calls"]
 
 # How a person reads a backend's name (the pickers, the labels, the status lines).
 BACKEND_LABELS = {"llama": "llama.cpp", "openvino": "OpenVINO"}
@@ -68,6 +71,48 @@ def answer_markdown(text: str) -> str:
     return f"{fence}json\n{pretty}\n{fence}"
 
 
+def arguments_markdown(arguments: str) -> str:
+    """A call's arguments as a formatted json code block (as the text they are, in a
+    plain block, when they are not JSON)."""
+    try:
+        pretty = json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+        language = "json"
+    except (ValueError, RecursionError):
+        pretty, language = arguments, "text"
+    fence = fence_for(pretty)
+    return f"{fence}{language}\n{pretty}\n{fence}"
+
+
+def unanswered_calls(messages: Sequence[ChatMessage]) -> list[ChatToolCall]:
+    """The last answer's tool calls that no tool message answers yet (the ones a user
+    can still reply to; an earlier answer's calls are settled)."""
+    at = next((i for i in range(len(messages) - 1, -1, -1)
+               if messages[i].role == "assistant"), None)
+    if at is None or not messages[at].tool_calls or messages[at].error:
+        return []
+    answered = {m.tool_call_id for m in messages[at + 1:] if m.role == "tool"}
+    return [c for c in messages[at].tool_calls or () if c.id not in answered]
+
+
+def tool_call_html(call: ChatToolCall, dark: bool = False, first_block: int = 0,
+                   reply: bool = False) -> Rendered:
+    """A tool call as a card: the function's name and the call's id, its arguments as a
+    highlighted json block, and with `reply` a "Reply with result" link
+    (`toolresult:<call id>`)."""
+    body = render(arguments_markdown(call.arguments), dark, first_block,
+                  copy_links=True)
+    link = (" &nbsp; " + _link(f"toolresult:{html.escape(call.id)}", "Reply with result",
+                               "Write what the tool returned; the model goes on from it")
+            if reply else "")
+    border = "#555" if dark else "#bbb"
+    body.html = (f"<table width='100%' cellspacing='0' cellpadding='6' "
+                 f"style='border:1px solid {border};margin:4px 0'><tr><td>"
+                 f"🔧 Calls <b><code>{html.escape(call.name)}</code></b>"
+                 f"<span style='color:#888'> · {html.escape(call.id)}</span>{link}"
+                 f"{body.html}</td></tr></table>")
+    return body
+
+
 def message_head_html(message: ChatMessage, index: int | None = None,
                       last: bool = False) -> str:
     """A message's label: who spoke (the model, its backend, identity, speed, seed) and,
@@ -80,7 +125,8 @@ def message_head_html(message: ChatMessage, index: int | None = None,
                        _link(f"next:{index}", "›", "Next version"))
     if index is not None and message.role == "user":
         actions.append(_link(f"edit:{index}", "Edit", "Edit and send again (a new branch)"))
-    if index is not None and message.role == "assistant" and message.content:
+    if index is not None and message.role == "assistant" and (message.content
+                                                             or message.tool_calls):
         actions.append(_link(f"copymsg:{index}", "Copy", "Copy this answer"))
         if message.replay:
             actions.append(_link(f"replay:{index}", "Replay", "Regenerate this answer with "
@@ -89,6 +135,10 @@ def message_head_html(message: ChatMessage, index: int | None = None,
             actions.append(_link("regenerate:", "Regenerate", "A new answer (new seed)"))
     if message.role == "user":
         head = "<b>You</b>"
+    elif message.role == "tool":
+        head = (f"<b>Result of <code>{html.escape(message.name or 'a tool')}</code></b>"
+                f"<span style='color:#888'> · {html.escape(message.tool_call_id or '')}"
+                "</span>")
     else:
         label = html.escape(message.model or "assistant")
         if message.backend:
@@ -107,28 +157,42 @@ def message_head_html(message: ChatMessage, index: int | None = None,
 
 
 def message_body_html(message: ChatMessage, dark: bool = False,
-                      code: list[str] | None = None) -> str:
-    """A message's text as HTML; with `code`, each code block gets a Copy link and its
+                      code: list[str] | None = None,
+                      replyable: Sequence[str] = ()) -> str:
+    """A message's text as HTML, and its tool calls as cards (those in `replyable` with
+    a "Reply with result" link); with `code`, each code block gets a Copy link and its
     text is appended to `code` (the links are numbered by their place in it)."""
-    if not message.content:
+    if not message.content and not message.tool_calls:
         return EMPTY_BODY
-    text = answer_markdown(message.content) if message.role == "assistant" \
-        else message.content
-    rendered = render(text, dark, len(code) if code is not None else 0,
-                      copy_links=code is not None)
-    if code is not None:
-        code.extend(rendered.code)
-    return rendered.html
+    parts = []
+    if message.content:
+        text = answer_markdown(message.content) if message.role in ("assistant", "tool") \
+            else message.content
+        rendered = render(text, dark, len(code) if code is not None else 0,
+                          copy_links=code is not None)
+        if code is not None:
+            code.extend(rendered.code)
+        parts.append(rendered.html)
+    for call in message.tool_calls or ():
+        card = tool_call_html(call, dark, len(code) if code is not None else 0,
+                              reply=code is not None and call.id in replyable)
+        if code is not None:
+            code.extend(card.code)
+        parts.append(card.html)
+    return "".join(parts)
 
 
 def message_html(message: ChatMessage, index: int | None = None, dark: bool = False,
-                 code: list[str] | None = None, last: bool = False) -> str:
+                 code: list[str] | None = None, last: bool = False,
+                 replyable: Sequence[str] = ()) -> str:
     """One message; with `index`, its actions as links (edit, versions, copy, and
-    regenerate on the last answer); code blocks' texts are appended to `code`."""
+    regenerate on the last answer, a reply to each call in `replyable`); code blocks'
+    texts are appended to `code`."""
     error = (f"<div style='color:#d23c3c'>{html.escape(message.error)}</div>"
              if message.error else "")
+    body = message_body_html(message, dark, code, replyable if index is not None else ())
     return (f"<div style='margin:8px 0'>{message_head_html(message, index, last)}"
-            f"<div>{message_body_html(message, dark, code)}</div>{error}</div>")
+            f"<div>{body}</div>{error}</div>")
 
 
 def transcript_html(messages: Sequence[ChatMessage], busy: bool,
@@ -138,7 +202,9 @@ def transcript_html(messages: Sequence[ChatMessage], busy: bool,
     texts, numbered as their Copy links."""
     page = Rendered("")
     last = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
-    page.html = "".join(message_html(m, None if busy else i, dark, page.code, last=i == last)
+    replyable = [c.id for c in unanswered_calls(messages)]
+    page.html = "".join(message_html(m, None if busy else i, dark, page.code, last=i == last,
+                                     replyable=replyable)
                         for i, m in enumerate(messages))
     return page
 

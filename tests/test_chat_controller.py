@@ -7,6 +7,7 @@ the engine port import no Qt."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -19,10 +20,11 @@ from engine.catalog.store import AdapterSpec, Catalog
 from engine.curated import setup
 from engine.curated.demo import ADAPTER_NAME, VARIANT_NAME
 from engine.curated.embedded import DEFAULT_MODEL_NAME as BASE
-from engine.formats.templates import Message
+from engine.formats.templates import Message, ToolCall
 from engine.runtime.messages import Generate
 from engine.state import conversations, paths
 from gui.controllers.chat import ChatController
+from gui.render import transcript_html
 from tests.gui_helpers import FakeEngine, generation_result
 
 WARM = {"temperature": 0.9, "max_tokens": 6, "repeat_penalty": 1.0, "seed": 5}
@@ -328,3 +330,78 @@ def test_the_controllers_and_the_renderer_import_no_qt() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+TOOLS_JSON = json.dumps([
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city now.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}},
+    {"name": "get_time"}])  # a bare function object is read too
+
+
+def test_tools_go_with_the_requests_and_tool_results_continue_the_chat(
+        parts) -> None:  # noqa: ANN001
+    controller, engine, listener, _clock = parts
+    controller.set_model(BASE)
+    # Refused with the reason, changing nothing.
+    assert controller.set_tools("[not json").startswith("the tools are not JSON")
+    assert "tool 1: needs a function with a name" in controller.set_tools('[{"x": 1}]')
+    assert "not one of the tools" in controller.set_tools(TOOLS_JSON, "get_date")
+    assert "cannot be compiled" in controller.set_tools(json.dumps([{"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)a"}}}}]))
+    assert controller.conversation.tools is None
+    assert controller.set_tools(TOOLS_JSON, "required") is None
+    assert json.loads(controller.tools_text())[1] == {
+        "type": "function", "function": {"name": "get_time", "description": "",
+                                         "parameters": {"type": "object", "properties": {}}}}
+
+    assert controller.send("Weather in Paris, and the time?")
+    asked = engine.last.request
+    assert [t.name for t in asked.prompt.tools] == ["get_weather", "get_time"]
+    assert asked.constraint.tool_choice == "required"
+    engine.last.sink.finished(generation_result(
+        "<tool_call>…</tool_call>", BASE, content="", tool_calls=[
+            {"id": "call_a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"id": "call_b", "name": "get_time", "arguments": "{}"}]))
+    answer = controller.conversation.messages[-1]
+    assert answer.content == "" and [c.name for c in answer.tool_calls] == [
+        "get_weather", "get_time"]
+    assert [c.id for c in controller.pending_calls()] == ["call_a", "call_b"]
+    page = transcript_html(controller.conversation.messages, busy=False)
+    assert page.html.count("toolresult:") == 2 and "get_weather" in page.html
+    assert '{\n  "city": "Paris"\n}' in page.code  # formatted, highlighted, copyable
+    assert '"call_a"' in controller.message_text(1)  # Copy gives the calls
+
+    # One result: saved, and the model waits for the other call's.
+    assert controller.start_tool_reply("call_x") is None
+    assert controller.start_tool_reply("call_a").name == "get_weather"
+    assert controller.send("18 °C, sunny")
+    assert len(engine.runs) == 1 and [c.id for c in controller.pending_calls()] == ["call_b"]
+    page = transcript_html(controller.conversation.messages, busy=False)
+    assert page.html.count("toolresult:") == 1 and "Result of <code>get_weather" in page.html
+    controller.start_tool_reply("call_b")
+    assert controller.send('{"time": "12:00"}')
+    # Both answered: the model goes on from the calls and their results.
+    went_on = engine.last.request
+    assert len(engine.runs) == 2 and controller.reply is not None
+    user, called, weather, time_result = went_on.prompt.messages
+    assert called.tool_calls == (ToolCall("call_a", "get_weather", '{"city": "Paris"}'),
+                                 ToolCall("call_b", "get_time", "{}"))
+    assert (weather.role, weather.tool_call_id, weather.name, weather.content) == (
+        "tool", "call_a", "get_weather", "18 °C, sunny")
+    assert (time_result.tool_call_id, time_result.name) == ("call_b", "get_time")
+    engine.last.sink.finished(generation_result("Sunny, 18 °C; it is noon.", BASE))
+    assert controller.pending_calls() == []
+
+    # Kept across a restart: the tools, the choice, the calls and the results.
+    kept = conversations.load(controller.conversation.id)
+    assert kept == controller.conversation
+    assert kept.tool_choice == "required" and len(kept.tools) == 2
+    assert [m.role for m in kept.messages] == ["user", "assistant", "tool", "tool",
+                                               "assistant"]
+    assert "Calls `get_weather` (`call_a`)" in kept.to_markdown()
+    # The tools removed: the next answer is asked without them, and without constraint.
+    assert controller.set_tools("") is None and controller.conversation.tools is None
+    controller.send("Thanks")
+    assert engine.last.request.prompt.tools is None and engine.last.request.constraint is None

@@ -16,6 +16,7 @@ them with different error codes).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from engine.catalog import resolve
@@ -23,7 +24,7 @@ from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Reader
 from engine.errors import StudioError, UsageError
-from engine.formats.tool_calls import Constraint
+from engine.formats.tool_calls import Constraint, Tool
 from engine.runtime import messages
 
 G = TypeVar("G", bound=messages.Generate)
@@ -57,17 +58,37 @@ def request(catalog: Reader, name: str, prompt: messages.Prompt, *,
             backend: str | None = None, ov_profile: str | None = None,
             n_ctx: int | None = None, base_sampling: Sampling | None = None,
             top_logprobs: int = 0, constraint: Constraint | None = None,
+            tools: Sequence[Tool] | None = None, tool_choice: str = "auto",
             **overrides: Any) -> G:
     """The `Generate` (or `Compare`, with `kind`) request for `name` and `prompt`.
 
     One snapshot of the catalog serves the whole assembly. `overrides` are sampling
     settings (temperature, top_p, top_k, repeat_penalty, seed, max_tokens, stop);
     `base_sampling` replaces the profile's sampling under them (a replay's);
-    `constraint` is what the answer must be (a JSON schema, a tool call)."""
+    `constraint` is what the answer must be (a JSON schema, a tool call). `tools` (the
+    chat's) go into the prompt with `tool_choice` as their constraint ("auto",
+    "required", "none" or a tool's name), as the server puts an OpenAI request's."""
     snapshot = catalog.snapshot()
     served = spec(snapshot, name, backend=backend, ov_profile=ov_profile, n_ctx=n_ctx)
     chosen = sampling(snapshot, name, base_sampling, **overrides)
+    if tools:
+        prompt, constraint = with_tools(prompt, tuple(tools), tool_choice, constraint)
     return kind(served, prompt, chosen, top_logprobs, constraint)
+
+
+def with_tools(prompt: messages.Prompt, tools: tuple[Tool, ...], tool_choice: str,
+               constraint: Constraint | None = None
+               ) -> tuple[messages.Prompt, Constraint | None]:
+    """`prompt` with `tools`, and the constraint `tool_choice` makes of them (kept with a
+    response format `constraint` already asks for); "none" leaves the tools out of the
+    prompt, as the server does. A choice that names no tool is a `SettingError`."""
+    names = [t.name for t in tools]
+    if tool_choice not in ("none", "auto", "required", *names):
+        raise SettingError(f"tool choice {tool_choice!r} is not one of the tools")
+    base = constraint or Constraint()
+    wanted = dataclasses.replace(base, tool_choice=tool_choice)
+    prompt = dataclasses.replace(prompt, tools=None if tool_choice == "none" else tools)
+    return prompt, wanted if wanted.active or prompt.tools else None
 
 
 def with_seed(generate: G, seed: int) -> G:

@@ -12,8 +12,11 @@ other versions of that point of the conversation in `others`: each one a *tail* 
 version of this message and everything that followed it), with `version` this one's
 place among them all. `branch` adds a version, `switch` shows another one. A chat has
 its own system prompt and sampling (`system_prompt`, `sampling`: None means the
-variant's profile). Every field added since the first format has a default, so older
-files load unchanged; unknown fields (from a newer version) are ignored.
+variant's profile), and the tools its model may call (`tools`, OpenAI function tools,
+with `tool_choice`). An answer that called tools keeps its calls (`tool_calls`), and the
+user's result for a call is a `tool` message naming the call (`tool_call_id`, `name`).
+Every field added since the first format has a default, so older files load unchanged;
+unknown fields (from a newer version) are ignored.
 """
 
 from __future__ import annotations
@@ -34,8 +37,23 @@ _ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass(frozen=True)
+class ChatToolCall:
+    """A tool call an answer made: `arguments` is its JSON text, as OpenAI sends it."""
+
+    id: str
+    name: str
+    arguments: str
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ChatToolCall:
+        if not isinstance(data, dict):
+            raise TypeError("a tool call must be an object")
+        return ChatToolCall(str(data["id"]), str(data["name"]), str(data["arguments"]))
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool" (a tool's result)
     content: str
     model: str | None = None  # variant or base that answered
     identity: str | None = None  # full identity key of that session
@@ -51,6 +69,11 @@ class ChatMessage:
     # The other versions of this point of the conversation (see the module docstring).
     others: tuple[tuple[ChatMessage, ...], ...] = ()
     version: int = 0
+    # An answer's tool calls (its `content` is then the text beside them), and a tool
+    # result's call id and tool name.
+    tool_calls: tuple[ChatToolCall, ...] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
 
     def bare(self) -> ChatMessage:
         """This message without the versions kept at its place."""
@@ -67,6 +90,9 @@ class ChatMessage:
         values = {k: v for k, v in data.items() if k in known}
         values["others"] = tuple(tuple(ChatMessage.from_dict(m) for m in tail)
                                  for tail in data.get("others") or ())
+        if values.get("tool_calls") is not None:
+            values["tool_calls"] = tuple(ChatToolCall.from_dict(c)
+                                         for c in values["tool_calls"])
         return ChatMessage(**values)
 
 
@@ -80,6 +106,10 @@ class Conversation:
     updated_at: float = field(default_factory=time.time)
     system_prompt: str | None = None  # None: the variant's profile
     sampling: dict[str, Any] | None = None  # overrides of the profile's sampling
+    # The tools the model may call (OpenAI function tools, as the user gave them; None:
+    # none) and `tool_choice` ("auto", "required", "none" or a tool's name).
+    tools: tuple[dict[str, Any], ...] | None = None
+    tool_choice: str = "auto"
 
     def with_messages(self, messages: tuple[ChatMessage, ...]) -> Conversation:
         title = self.title
@@ -95,6 +125,11 @@ class Conversation:
     def with_settings(self, system_prompt: str | None,
                       sampling: dict[str, Any] | None) -> Conversation:
         return replace(self, system_prompt=system_prompt, sampling=sampling or None,
+                       updated_at=time.time())
+
+    def with_tools(self, tools: tuple[dict[str, Any], ...] | None,
+                   tool_choice: str = "auto") -> Conversation:
+        return replace(self, tools=tools or None, tool_choice=tool_choice,
                        updated_at=time.time())
 
     # -- versions
@@ -132,10 +167,15 @@ class Conversation:
         messages = tuple(ChatMessage.from_dict(m) for m in data.get("messages", []))
         sampling = data.get("sampling")
         system = data.get("system_prompt")
+        tools = data.get("tools")
+        choice = data.get("tool_choice")
         return Conversation(data["id"], data["model"], data.get("title", "New chat"),
                             messages, data.get("created_at", 0.0), data.get("updated_at", 0.0),
                             system if isinstance(system, str) else None,
-                            sampling if isinstance(sampling, dict) else None)
+                            sampling if isinstance(sampling, dict) else None,
+                            tuple(t for t in tools if isinstance(t, dict)) or None
+                            if isinstance(tools, list) else None,
+                            choice if isinstance(choice, str) else "auto")
 
     def matches(self, query: str) -> bool:
         """Search: every word of `query` is in the title or in a message shown."""
@@ -152,9 +192,14 @@ class Conversation:
         if self.sampling:
             lines.append("- sampling: " + ", ".join(f"{k} {v}" for k, v in
                                                     sorted(self.sampling.items())))
+        if self.tools:
+            lines.append("- tools: " + ", ".join(
+                str((t.get("function") or t).get("name", "?")) for t in self.tools))
         for message in self.messages:
             if message.role == "user":
                 head = "## You"
+            elif message.role == "tool":
+                head = f"## Result of {message.name or 'a tool'} (`{message.tool_call_id}`)"
             else:
                 head = f"## {message.model or 'assistant'}"
                 facts = [f"identity `{message.identity[:12]}`" if message.identity else "",
@@ -168,6 +213,9 @@ class Conversation:
             if message.versions() > 1:
                 head += f" · version {message.version + 1} of {message.versions()}"
             lines += ["", head, "", message.content]
+            for call in message.tool_calls or ():
+                lines += ["", f"Calls `{call.name}` (`{call.id}`):", "", "```json",
+                          call.arguments, "```"]
         return "\n".join(lines) + "\n"
 
     def to_json(self) -> str:

@@ -9,10 +9,18 @@ window's `QtEngineClient`, or a test's fake), records the result in the conversa
 saves it through `engine.state.conversations`. It tells its view what changed through a
 `ChatListener` (plain method calls, on the caller's thread); the view (`gui.chat`)
 renders and forwards the user's actions. No Qt here.
+
+Tools: a conversation may carry tools (OpenAI function tools, `set_tools`, saved with
+it), sent with every answer's request through the assembly with the chat's tool choice.
+An answer that calls tools keeps its calls apart from its text (`ChatMessage.
+tool_calls`); the user writes each call's result (`start_tool_reply`, then `send`: a
+`tool` message naming the call), and once every call of the answer has one the model
+goes on from them.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -24,15 +32,18 @@ from engine.catalog import resolve
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
-from engine.errors import StudioError
-from engine.formats.templates import Message
+from engine.errors import StudioError, UsageError
+from engine.formats.templates import Message, ToolCall
+from engine.formats.tool_calls import Tool
+from engine.formats.tool_match import tools_from_openai
 from engine.runtime import assembly
+from engine.runtime.constraint import schema_error
 from engine.runtime.messages import Generate, Prompt
 from engine.runtime.results import GenerationResult
 from engine.state import conversations
-from engine.state.conversations import ChatMessage, Conversation
+from engine.state.conversations import ChatMessage, ChatToolCall, Conversation
 from gui.controllers.engine_port import CurrentSink, Engine, Running
-from gui.render import BACKEND_LABELS
+from gui.render import BACKEND_LABELS, unanswered_calls
 
 # The per-chat sampling the panel offers (the rest stays the profile's).
 CHAT_SAMPLING = ("temperature", "top_p", "max_tokens", "seed")
@@ -100,11 +111,47 @@ class ChatActions:
     export: bool
     settings: bool
     compose: bool  # the message field: a model is chosen
+    tools: bool = False  # the conversation's tools can be changed
 
 
 def history(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
-    """What an answer is asked from: the messages before it, failed answers left out."""
-    return tuple(Message(m.role, m.content) for m in messages if not m.error)
+    """What an answer is asked from: the messages before it, failed answers left out,
+    with the answers' tool calls and the tools' results."""
+    return tuple(Message(m.role, m.content, tool_calls=tuple(
+        ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls) if m.tool_calls else None,
+        tool_call_id=m.tool_call_id, name=m.name) for m in messages if not m.error)
+
+
+def message_record(message: Message) -> dict[str, Any]:
+    """A message as a replay record's prompt holds it (the wire's shape of `Message`)."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                             for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def read_tools(text: str) -> tuple[Tool, ...]:
+    """The tools a user typed (OpenAI function tools as JSON; empty: none), each one's
+    parameters checked to compile as a grammar, so a call to it can be enforced;
+    StudioError saying what is wrong."""
+    if not text.strip():
+        return ()
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"the tools are not JSON: {exc}") from None
+    tools = tools_from_openai(value)
+    for tool in tools:
+        error = schema_error(tool.parameters) if tool.parameters is not None else None
+        if error:
+            raise UsageError(f"{tool.name}: its parameters cannot be compiled to a grammar, "
+                             f"so its calls cannot be enforced: {error}")
+    return tools
 
 
 def without_messages(record: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -146,6 +193,7 @@ class ChatController:
         self._sampling: Sampling | None = None  # of the answer being generated
         # A regenerated answer becomes a new version at this place of this conversation.
         self._branch: tuple[int, Conversation] | None = None
+        self.replying: str | None = None  # the tool call whose result is being written
 
     # ---------------------------------------------------------------- queries
 
@@ -213,12 +261,20 @@ class ChatController:
             copy=not busy and any(m.role == "assistant" and m.content for m in messages),
             rename=listed and not busy, delete=listed and not busy,
             export=bool(messages), settings=self.conversation is not None and not busy,
-            compose=self.model_name is not None)
+            compose=self.model_name is not None,
+            tools=self.conversation is not None and not busy)
 
     def message_text(self, index: int) -> str | None:
         if self.conversation is None or not 0 <= index < len(self.conversation.messages):
             return None
-        return self.conversation.messages[index].content
+        message = self.conversation.messages[index]
+        if not message.tool_calls:
+            return message.content
+        # Its calls in OpenAI's shape, after the text beside them.
+        calls = json.dumps([{"id": c.id, "type": "function", "function": {
+            "name": c.name, "arguments": c.arguments}} for c in message.tool_calls],
+            indent=2, ensure_ascii=False)
+        return f"{message.content}\n{calls}" if message.content else calls
 
     def last_answer_text(self) -> str | None:
         if self.conversation is None:
@@ -237,7 +293,9 @@ class ChatController:
         system = self.conversation.system_prompt if self.conversation else None
         request = assembly.request(self.catalog, self.model_name,
                                    Prompt(messages=asked, chat=True, system=system),
-                                   backend=self._backend(), **own)
+                                   backend=self._backend(), tools=self.tools(),
+                                   tool_choice=self.conversation.tool_choice
+                                   if self.conversation else "auto", **own)
         if fresh_seed and not request.sampling.greedy:
             request = assembly.with_seed(request, self._new_seed())
         return request
@@ -253,8 +311,7 @@ class ChatController:
         if not record:
             return None
         return {**record, "prompt": {**record["prompt"], "messages": [
-            {"role": m.role, "content": m.content}
-            for m in history(self.conversation.messages[:index])]}}
+            message_record(m) for m in history(self.conversation.messages[:index])]}}
 
     # ---------------------------------------------------------------- conversations
 
@@ -280,6 +337,7 @@ class ChatController:
 
     def open(self, conversation: Conversation) -> None:
         self.conversation = conversation
+        self.replying = None
         self.listener.conversation_opened()
         self.listener.show_conversation()
         self.listener.show_status(self.footer())
@@ -384,6 +442,74 @@ class ChatController:
             system if system != profile_system else None, own)
         self.save(force=True)
 
+    # ---------------------------------------------------------------- tools
+
+    def tools(self) -> tuple[Tool, ...]:
+        """The tools the conversation's model may call (checked when they were set)."""
+        if self.conversation is None or not self.conversation.tools:
+            return ()
+        return tools_from_openai(list(self.conversation.tools))
+
+    def tools_text(self) -> str:
+        """The conversation's tools as the Tools dialog shows them (formatted JSON)."""
+        if self.conversation is None or not self.conversation.tools:
+            return ""
+        return json.dumps(list(self.conversation.tools), indent=2, ensure_ascii=False)
+
+    def set_tools(self, text: str, tool_choice: str = "auto") -> str | None:
+        """Give the conversation the tools in `text` (OpenAI function tools as JSON;
+        empty: none) and the tool choice; saved with it. Returns what is wrong (nothing
+        changes then), or None."""
+        if self.conversation is None:
+            return "no conversation"
+        try:
+            tools = read_tools(text)
+        except StudioError as exc:
+            return exc.message
+        if tool_choice not in ("none", "auto", "required", *(t.name for t in tools)):
+            return f"tool choice {tool_choice!r} is not one of the tools"
+        self.conversation = self.conversation.with_tools(
+            tuple(t.openai() for t in tools) or None, tool_choice if tools else "auto")
+        self.save(force=True)
+        return None
+
+    def pending_calls(self) -> list[ChatToolCall]:
+        """The last answer's tool calls that have no result yet (in the order made)."""
+        return unanswered_calls(self.conversation.messages) if self.conversation else []
+
+    def start_tool_reply(self, call_id: str) -> ChatToolCall | None:
+        """Write the result of tool call `call_id` (one of `pending_calls`): the next
+        `send` adds it as the tool's message."""
+        if self.reply is not None:
+            return None
+        call = next((c for c in self.pending_calls() if c.id == call_id), None)
+        if call is not None:
+            self.replying, self.editing = call.id, None
+        return call
+
+    def stop_tool_reply(self) -> bool:
+        replying, self.replying = self.replying, None
+        return replying is not None
+
+    def _send_tool_result(self, text: str) -> bool:
+        """The result of the call being replied to, as a `tool` message; once every call
+        of the answer has its result, the model goes on from them."""
+        assert self.conversation is not None
+        call = next((c for c in self.pending_calls() if c.id == self.replying), None)
+        self.replying = None
+        if call is None:
+            return False
+        self.conversation = self.conversation.with_messages((
+            *self.conversation.messages,
+            ChatMessage("tool", text, tool_call_id=call.id, name=call.name)))
+        if self.pending_calls():
+            self.save()  # more calls to answer first
+            self.listener.show_conversation()
+            return True
+        self._start()
+        self.save()
+        return True
+
     def reset_settings(self) -> None:
         if self.conversation is None:
             return
@@ -399,7 +525,7 @@ class ChatController:
                 not 0 <= index < len(self.conversation.messages) or \
                 self.conversation.messages[index].role != "user":
             return False
-        self.editing = index
+        self.editing, self.replying = index, None
         return True
 
     def stop_editing(self) -> bool:
@@ -413,6 +539,8 @@ class ChatController:
         if not text or self.model_name is None or self.conversation is None or \
                 self.reply is not None:
             return False
+        if self.replying is not None:
+            return self._send_tool_result(text)
         editing, self.editing = self.editing, None
         if editing is not None and editing < len(self.conversation.messages):
             # Edited and sent again: a new branch from that message; the old path stays
@@ -575,8 +703,13 @@ class ChatController:
                        result: GenerationResult | None = None,
                        tokens_per_second: float | None = None) -> None:
         assert self.conversation is not None
+        calls = None
+        if result is not None and result.tool_calls:
+            # The calls apart (cards in the view), the text beside them as the content.
+            text = result.content or ""
+            calls = tuple(ChatToolCall(c.id, c.name, c.arguments) for c in result.tool_calls)
         message = ChatMessage(
-            "assistant", text, model=self.model_name,
+            "assistant", text, model=self.model_name, tool_calls=calls,
             identity=result.identity if result else None,
             tokens_per_second=result.tokens_per_second if result else tokens_per_second,
             error=error,
