@@ -17,7 +17,11 @@ What a chat app is expected to do: conversations can be renamed (double-click or
 searched and exported (Markdown, JSON); a sent message can be edited and sent again (a
 branch: the old path is kept as another version of that place), an answer regenerated
 (a new seed unless the sampling is greedy) with its versions kept (‹ 1/2 ›); each chat
-has its own system prompt and sampling ("Chat settings", saved with the conversation).
+has its own system prompt and sampling ("Chat settings", saved with the conversation),
+and its own tools ("Tools…": OpenAI function tools as JSON and the tool choice, saved
+with it, `ToolsDialog`). An answer's tool calls are cards with a "Reply with result"
+link: the composer then writes that call's result, and Send adds it (the model goes on
+once every call of the answer has its result).
 Answers are Markdown (`gui.markdown`: highlighted code, a Copy link per block; an answer
 that is one JSON value is shown formatted, as code). An empty chat says what the model
 is for.
@@ -39,6 +43,9 @@ from PySide6.QtGui import (
     QStandardItemModel,
 )
 from PySide6.QtWidgets import (
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
@@ -97,6 +104,59 @@ class _EnterToSend(QObject):
             self._send()
             return True
         return False
+
+
+TOOLS_PLACEHOLDER = """[{"type": "function", "function": {
+  "name": "get_weather", "description": "The weather in a city now.",
+  "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                 "required": ["city"]}}}]"""
+
+
+class ToolsDialog(QDialog):
+    """The conversation's tools: OpenAI function tools as JSON, and the tool choice
+    (auto: the model decides; required: it must call one; none; or a tool's name).
+    OK saves them with the conversation (`ChatController.set_tools`), or says what is
+    wrong and stays open."""
+
+    def __init__(self, controller: ChatController, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.setWindowTitle("Tools of this chat")
+        self.text = QPlainTextEdit(controller.tools_text())
+        self.text.setPlaceholderText(TOOLS_PLACEHOLDER)
+        self.text.setAccessibleName("Tools as OpenAI function JSON")
+        self.choice = QComboBox()
+        self.choice.setEditable(True)  # a tool's name may be typed
+        self.choice.addItems(["auto", "required", "none"])
+        conversation = controller.conversation
+        self.choice.setCurrentText(conversation.tool_choice if conversation else "auto")
+        self.choice.setToolTip("auto: the model decides; required: it must call a tool; "
+                               "none: the tools are left out; or a tool's name")
+        self.error = QLabel()
+        self.error.setStyleSheet("color:#d23c3c")
+        self.error.setWordWrap(True)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok |
+                                   QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.apply)
+        buttons.rejected.connect(self.reject)
+        form = QFormLayout(self)
+        form.addRow(QLabel("The functions the model may call (a JSON list of OpenAI "
+                           "tools; empty: none). Saved with this chat."))
+        form.addRow(self.text)
+        form.addRow("Tool choice", self.choice)
+        form.addRow(self.error)
+        form.addRow(buttons)
+        self.resize(560, 420)
+
+    def apply(self) -> bool:
+        """Save the tools; False (and the reason shown) when they are refused."""
+        error = self.controller.set_tools(self.text.toPlainText(),
+                                          self.choice.currentText().strip() or "auto")
+        if error:
+            self.error.setText(error)
+            return False
+        self.accept()
+        return True
 
 
 class ChatView(QWidget):
@@ -188,6 +248,11 @@ class ChatView(QWidget):
         self.settings_toggle.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
         self.settings_toggle.setArrowType(Qt.ArrowType.RightArrow)
         self.settings_toggle.toggled.connect(self._toggle_settings)
+        self.tools_button = QPushButton("Tools…")
+        self.tools_button.setToolTip("The functions this chat's model may call (OpenAI "
+                                     "function JSON), saved with the chat")
+        self.tools_button.clicked.connect(self.open_tools)
+        self.tools_dialog: ToolsDialog | None = None
         self.settings_box = QGroupBox("This chat (saved with it)")
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setMaximumHeight(70)
@@ -249,6 +314,7 @@ class ChatView(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.header, 1)
         top.addWidget(self.settings_toggle)
+        top.addWidget(self.tools_button)
         top.addWidget(QLabel("served by"))
         top.addWidget(self.backend)
         right_layout.addLayout(top)
@@ -445,6 +511,17 @@ class ChatView(QWidget):
     def _show_custom(self) -> None:
         self.settings_toggle.setText("Chat settings (custom)"
                                      if self.controller.custom_settings() else "Chat settings")
+        count = len(self.controller.tools())
+        self.tools_button.setText(f"Tools ({count})…" if count else "Tools…")
+
+    def open_tools(self) -> ToolsDialog | None:
+        """The Tools dialog of the conversation on show (not blocking: `open`)."""
+        if self.conversation is None:
+            return None
+        self.tools_dialog = ToolsDialog(self.controller, self)
+        self.tools_dialog.accepted.connect(self._show_custom)
+        self.tools_dialog.open()
+        return self.tools_dialog
 
     def _settings_edited(self) -> None:
         if self._loading_settings or self.conversation is None:
@@ -514,6 +591,7 @@ class ChatView(QWidget):
         self.export_button.setEnabled(can.export)
         self.delete_button.setEnabled(can.delete)
         self.settings_box.setEnabled(can.settings)
+        self.tools_button.setEnabled(can.tools)
 
     def stream_started(self) -> None:
         self._stream = streaming_markdown(self._dark())
@@ -553,8 +631,22 @@ class ChatView(QWidget):
         self.cancel_edit.show()
         self.input.setFocus()
 
+    def reply_to_call(self, call_id: str) -> None:
+        """Write the result of tool call `call_id` in the composer; Send adds it."""
+        call = self.controller.start_tool_reply(call_id)
+        if call is None:
+            return
+        self.input.clear()
+        self.editing_label.setText(f"Result of {call.name} ({call.id}): Send adds it; the "
+                                   "model goes on once every call has its result.")
+        self.editing_label.show()
+        self.cancel_edit.show()
+        self.input.setFocus()
+
     def stop_editing(self) -> None:
-        if self.controller.stop_editing():
+        # Both, not `or`: each mode is left whichever one was on.
+        edited, replied = self.controller.stop_editing(), self.controller.stop_tool_reply()
+        if edited or replied:
             self.input.clear()
         self.editing_label.hide()
         self.cancel_edit.hide()
@@ -595,6 +687,8 @@ class ChatView(QWidget):
             self.regenerate()
         elif scheme == "replay":
             self.replay_message(number)
+        elif scheme == "toolresult":
+            self.reply_to_call(rest)
         elif scheme in ("http", "https"):
             QDesktopServices.openUrl(url)
 

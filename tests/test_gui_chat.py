@@ -3,7 +3,8 @@ answer in a block of its own, regenerate with a new seed (unless greedy) keeping
 versions, edit and resend as a branch, a per-chat system prompt and sampling saved with
 the conversation, rename / search / export, a Copy link per code block, fresh footers,
 and an empty chat that says what the variant is for; and, with a fake engine, the label
-of an answer streaming a numbered list, and a JSON answer shown as code."""
+of an answer streaming a numbered list, and a JSON answer shown as code; a tool call (the
+base model made to call one) shown as a card, its result written back, both kept."""
 
 from __future__ import annotations
 
@@ -259,3 +260,71 @@ def blocks_of(document):  # noqa: ANN001, ANN201
     while block.isValid():
         yield block
         block = block.next()
+
+
+CHAT_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 40},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "add", "description": "Add two integers",
+        "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"], "additionalProperties": False}}},
+]
+
+
+@pytest.mark.slow
+def test_a_tool_call_is_a_card_and_its_result_continues_the_chat(win: MainWindow,
+                                                                 qtbot) -> None:
+    """The real base model, made to call a tool (tool choice "required", given in the
+    Tools dialog): the call is a card with its arguments as highlighted JSON, the user's
+    result goes back as a tool message, and both survive a restart."""
+    chat = win.chat
+    win.open_chat(BASE)
+    chat.controller.edit_settings("", 0.0, 1.0, 80, 7)  # greedy, room for the call
+    dialog = chat.open_tools()
+    dialog.text.setPlainText("[not json")
+    assert not dialog.apply() and "not JSON" in dialog.error.text()
+    dialog.text.setPlainText(json.dumps(CHAT_TOOLS))
+    dialog.choice.setCurrentText("required")
+    assert dialog.apply() and chat.tools_button.text() == "Tools (2)…"
+
+    called = ask(win, qtbot, "What is the weather in Paris right now?")
+    assert win.sent[-1].constraint.tool_choice == "required"
+    assert called.tool_calls and called.error is None
+    call = called.tool_calls[0]
+    arguments = json.loads(call.arguments)
+    tool = {t["function"]["name"]: t["function"] for t in CHAT_TOOLS}[call.name]
+    assert set(arguments) == set(tool["parameters"]["required"])
+    # A card: the name, the arguments formatted as code (monospace), a reply link.
+    text = chat.transcript.toPlainText()
+    assert f"Calls {call.name}" in text and "Reply with result" in text
+    pretty = json.dumps(arguments, indent=2, ensure_ascii=False)
+    assert pretty in chat._code
+    first_line = pretty.splitlines()[1].strip()
+    cursor = chat.transcript.document().find(first_line)
+    assert not cursor.isNull() and cursor.charFormat().fontFamilies() == ["monospace"]
+
+    # The result, written in the composer after the card's link; the model goes on.
+    for pending in called.tool_calls[1:]:  # parallel calls: the others answered first
+        chat.controller.start_tool_reply(pending.id)
+        assert chat.controller.send("{}") and chat.reply is None
+    chat.transcript.anchorClicked.emit(QUrl(f"toolresult:{call.id}"))
+    assert chat.editing_label.isVisible() and call.name in chat.editing_label.text()
+    went_on = ask(win, qtbot, '{"temperature": 18, "sky": "sunny"}')
+    result = win.sent[-1].prompt.messages[-1]
+    assert (result.role, result.tool_call_id) == ("tool", call.id)
+    assert (result.name, result.content) == (call.name, '{"temperature": 18, "sky": "sunny"}')
+    assert went_on.role == "assistant" and went_on.error is None
+    assert not chat.editing_label.isVisible()
+    assert "Result of " + call.name in chat.transcript.toPlainText()
+
+    # Kept: a restart reads the tools, the call and its result back.
+    kept = conversations.load(chat.conversation.id)
+    assert kept is not None and kept.tool_choice == "required" and len(kept.tools) == 2
+    assert kept.messages[1].tool_calls == called.tool_calls
+    assert any(m.role == "tool" and m.tool_call_id == call.id for m in kept.messages)
