@@ -12,7 +12,9 @@ the runs (in a worker process) and announces what a finished run added; the page
 shows the run's events (`controller.client`'s signals): the loss in a QtCharts plot,
 or for the loop the reward and the trainer–sampler agreement per round
 (`gui.widgets.rounds_chart`), and after the run the served check (parity and drift,
-`gui.widgets.served_check`). It reloads its base and adapter choices when the
+`gui.widgets.served_check`), in a column of its own beside the form, so the plot stays
+in view at 1024×700. The data field starts on the shipped demo data (a first run needs
+only a name; "Use the demo data" brings it back). It reloads its base and adapter choices when the
 catalog's models or adapters change (`CatalogEvents`). The form is not kept across a
 restart. Nothing here imports torch or a native runtime.
 
@@ -41,12 +43,14 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSpinBox,
+    QSplitter,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
 from engine import training
+from engine.curated import demo
 from engine.errors import StudioError
 from engine.formats import architecture
 from engine.training import memory
@@ -66,6 +70,8 @@ REWARDS = (("Exact match (each line's answer)", "exact"),
            ("JSON schema file", "json-schema"),
            ("Python file (your own code)", "python"))
 JSONL_FILTER = "JSON lines (*.jsonl *.json);;All files (*)"
+DEMO_DATA = "train.jsonl"  # in the shipped demo's folder (resources/demo)
+PLOT_MIN_HEIGHT = 180  # px: the loss plot's axes and a few ticks stay readable
 
 
 class TrainPage(QWidget):
@@ -98,6 +104,15 @@ class TrainPage(QWidget):
                                      "token ids")
         self.browse = QPushButton("Browse…")
         self.browse.clicked.connect(self._browse)
+        # The page starts on the shipped demo data, so a first run needs only a name (an
+        # empty field left a new user looking for a file to try); the note under the
+        # field says whose data it is, or offers it back ("Use the demo data") once the
+        # field names another file.
+        self.demo_data = demo.resources_dir() / DEMO_DATA
+        self.data_note = QLabel()
+        self.data_note.setWordWrap(True)
+        self.data_note.setTextFormat(Qt.TextFormat.RichText)
+        self.data_note.linkActivated.connect(lambda _link: self.use_demo_data())
         data_row = QHBoxLayout()
         data_row.addWidget(self.data, 1)
         data_row.addWidget(self.browse)
@@ -139,13 +154,16 @@ class TrainPage(QWidget):
         self.lr.setSingleStep(0.0001)
         self.lr.setValue(defaults.lr)
         self.rank = _spin(1, 256, defaults.rank)
-        self.train_eot = QCheckBox("answers learn to stop (train the end-of-turn token)")
+        self.train_eot = QCheckBox("answers learn to stop")
+        self.train_eot.setToolTip("train the end-of-turn token, so the adapter's answers "
+                                  "end where the examples' do")
         self.train_eot.setChecked(True)
         main = QFormLayout()
         self.main_form = main
         main.addRow("Method", self.method)
         main.addRow("Base model", self.base)
         main.addRow("Training data", data_row)
+        main.addRow("", self.data_note)
         main.addRow("Prompts", prompts_row)
         main.addRow("Reward", reward_row)
         main.addRow("", self.trust)
@@ -210,6 +228,9 @@ class TrainPage(QWidget):
         self.clip = _double(0.001, 10.0, rl_defaults.clip, decimals=3, step=0.05)
         self.kl_beta = _double(0.0, 100.0, rl_defaults.kl_beta, decimals=3, step=0.01)
         adv = QFormLayout(self.advanced)
+        # A field too wide for its column goes under its label instead of widening the
+        # form (which squeezed the plot beside it).
+        adv.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
         self.advanced_form = adv
         adv.addRow("Alpha", self.alpha)
         adv.addRow("Targets", self.targets)
@@ -230,7 +251,8 @@ class TrainPage(QWidget):
         adv.addRow("Numerics", self.numerics)
         self.advanced.hide()
         # (form, field) rows of one method only; the others are shared.
-        self._supervised_rows = [(main, data_row), (main, self.variant), (main, self.steps),
+        self._supervised_rows = [(main, data_row), (main, self.data_note),
+                                 (main, self.variant), (main, self.steps),
                                  (main, self.train_eot), (adv, self.batch),
                                  (adv, self.save_every), (adv, self.dpo), (adv, self.dpo_beta),
                                  (adv, self.kl), (adv, kl_text_row)]
@@ -272,31 +294,87 @@ class TrainPage(QWidget):
         self.plot = LossChart()
         self.rounds_plot = RoundsChart()
 
-        # Everything in a scroll area: opening the advanced settings (or a long
-        # warning) scrolls the page instead of growing the window past a laptop screen.
+        # The form on the left, the run on the right (its buttons, progress, served
+        # check and plot): one column put the plot below the form, so at 1024×700 its
+        # axis was below the fold, further still once the served check showed. Each
+        # side scrolls on its own: opening the advanced settings (or a long warning)
+        # scrolls instead of growing the window past a laptop screen, and never moves
+        # the plot.
         content = QWidget()
         layout = QVBoxLayout(content)
         layout.addWidget(self.hint)
         layout.addLayout(main)
         layout.addWidget(self.advanced_toggle)
         layout.addWidget(self.advanced)
-        layout.addLayout(buttons)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status)
-        layout.addWidget(self.memory)
-        layout.addWidget(self.round_summary)
-        layout.addWidget(self.warnings)
-        layout.addWidget(self.served)
-        self.plot.setMinimumHeight(180)
-        layout.addWidget(self.plot, 1)
-        layout.addWidget(self.rounds_plot, 1)
+        layout.addStretch(1)
         self.scroll = QScrollArea()
         self.scroll.setWidgetResizable(True)
         self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
         self.scroll.setWidget(content)
+        # The form scrolls down, never sideways: the splitter keeps it at least as wide
+        # as its fields need.
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.form_content = content
+        # Choices are shown whole in their drop-down list; closed, they may elide (their
+        # longest item made the form 530 px wide, the plot beside it a strip).
+        for combo in (self.method, self.base, self.reward_kind, self.init_adapter,
+                      self.numerics):
+            combo.setSizeAdjustPolicy(
+                QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(16)
+        # The run's column: buttons, progress and status on top, the plot taking the
+        # height, and below it (a splitter) what a run reports at length, the warnings
+        # and the served check (a flag explains itself in a paragraph), in a scroll area
+        # of their own, so they never push the plot out of view.
+        self.plot.setMinimumHeight(PLOT_MIN_HEIGHT)
+        self.rounds_plot.setMinimumHeight(PLOT_MIN_HEIGHT)
+        plots = QWidget()
+        plots_layout = QVBoxLayout(plots)
+        plots_layout.setContentsMargins(0, 0, 0, 0)
+        plots_layout.addWidget(self.plot)
+        plots_layout.addWidget(self.rounds_plot)
+        reports = QWidget()
+        reports_layout = QVBoxLayout(reports)
+        reports_layout.setContentsMargins(0, 0, 0, 0)
+        reports_layout.addWidget(self.round_summary)
+        reports_layout.addWidget(self.warnings)
+        reports_layout.addWidget(self.served)
+        reports_layout.addStretch(1)
+        self.reports = QScrollArea()
+        self.reports.setWidgetResizable(True)
+        self.reports.setFrameShape(QScrollArea.Shape.NoFrame)
+        self.reports.setWidget(reports)
+        self.reports.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.reports.setMinimumHeight(60)
+        self.run_split = QSplitter(Qt.Orientation.Vertical)
+        self.run_split.addWidget(plots)
+        self.run_split.addWidget(self.reports)
+        self.run_split.setChildrenCollapsible(False)
+        self.run_split.setStretchFactor(0, 3)
+        self.run_split.setStretchFactor(1, 2)
+        run = QWidget()
+        run_layout = QVBoxLayout(run)
+        run_layout.addLayout(buttons)
+        run_layout.addWidget(self.progress)
+        run_layout.addWidget(self.status)
+        run_layout.addWidget(self.memory)
+        run_layout.addWidget(self.run_split, 1)
+        self.run_column = run
+        self.splitter = QSplitter()
+        self.splitter.addWidget(self.scroll)
+        self.splitter.addWidget(run)
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 1)
+        # Scaled to the page's width when shown: the form's fields and the plot about
+        # equal (by their size hints alone the form took three quarters).
+        self.splitter.setSizes([450, 550])
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
-        outer.addWidget(self.scroll)
+        outer.addWidget(self.splitter)
+        self.data.textChanged.connect(self._data_changed)
+        if self.demo_data.is_file():
+            self.data.setText(str(self.demo_data))
         # A refusal ("give the new adapter a name") is stale once the user acts on it.
         for field in (self.name, self.data, self.prompts, self.reward_file):
             field.textChanged.connect(self._clear_refusal)
@@ -477,7 +555,8 @@ class TrainPage(QWidget):
     def _set_running(self, running: bool) -> None:
         self.start_button.setEnabled(not running and training.torch_available())
         self.cancel_button.setEnabled(running)
-        for widget in (self.method, self.base, self.data, self.browse, self.name,
+        for widget in (self.method, self.base, self.data, self.browse, self.data_note,
+                       self.name,
                        self.variant, self.steps, self.lr, self.rank, self.train_eot,
                        self.advanced, self.prompts, self.prompts_browse, self.reward_kind,
                        self.reward_file, self.reward_browse, self.trust, self.rounds,
@@ -579,6 +658,7 @@ class TrainPage(QWidget):
 
     def _toggle_advanced(self, shown: bool) -> None:
         self.advanced.setVisible(shown)
+        self._fit_form()
         self.advanced_toggle.setArrowType(Qt.ArrowType.DownArrow if shown
                                           else Qt.ArrowType.RightArrow)
 
@@ -590,6 +670,8 @@ class TrainPage(QWidget):
         for form, field in self._rl_rows:
             form.setRowVisible(field, rl_on)
         self._reward_fields()
+        self._data_changed()
+        self._fit_form()
         self.start_button.setText("Start the loop" if rl_on else "Start training")
         if not self.busy():
             self.run_method = REINFORCE if rl_on else SUPERVISED
@@ -599,6 +681,26 @@ class TrainPage(QWidget):
         rl_plot = self.run_method == REINFORCE
         self.plot.setVisible(not rl_plot)
         self.rounds_plot.setVisible(rl_plot)
+
+    def _fit_form(self) -> None:
+        """The splitter keeps the form as wide as the fields shown need (it has no
+        horizontal scroll bar)."""
+        self.scroll.setMinimumWidth(self.form_content.minimumSizeHint().width()
+                                    + self.scroll.verticalScrollBar().sizeHint().width())
+
+    def use_demo_data(self) -> None:
+        self.data.setText(str(self.demo_data))
+
+    def _data_changed(self) -> None:
+        """The note under the data field: whose data the demo is, or the way back to it
+        (after the method's rows were shown, as for the reward's file)."""
+        shipped = self.demo_data.is_file()
+        if self.data.text().strip() == str(self.demo_data):
+            self.data_note.setText(f"The shipped demo data: the tool calls "
+                                   f"{demo.ADAPTER_NAME} was trained on.")
+        else:
+            self.data_note.setText('<a href="demo">Use the demo data</a>')
+        self.main_form.setRowVisible(self.data_note, shipped and not self.is_rl())
 
     def _reward_changed(self) -> None:
         # A new file (or kind) needs a new confirmation: the tick is for the file named.
