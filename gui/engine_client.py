@@ -32,6 +32,7 @@ from engine.runtime.client import EngineClient, RequestHandle
 from engine.runtime.results import EngineStatus
 from engine.state import settings
 from gui.controllers.engine_port import RequestSink
+from gui.machine_load import load_of
 
 FLUSH_MS = 50
 
@@ -171,6 +172,9 @@ class QtEngineClient(QObject):
     described = Signal(object)  # an EngineStatus
     requestFailed = Signal(str, str)  # op, message (any request's failure, for a status line)
     generating = Signal(str)  # op: a request's first token arrived (its model is resident)
+    # After each answer or comparison: a MachineLoad when other programs slowed the
+    # engine, else None (gui.machine_load).
+    machineLoad = Signal(object)
     _raw = Signal(object, object)  # reply, event: from the reader thread to the GUI thread
     _state = Signal(str, str)
 
@@ -252,6 +256,8 @@ class QtEngineClient(QObject):
         if reply.outcome == "finished" and isinstance(reply.request, m.Describe):
             self.last_description = reply.result
             self.described.emit(reply.result)
+        elif reply.outcome == "finished" and isinstance(reply.request, m.Generate):
+            self.machineLoad.emit(load_of(reply.result))
         elif reply.outcome == "failed" and reply.error is not None:
             self.requestFailed.emit(reply.op, reply.error.message)
 

@@ -43,10 +43,10 @@ from engine.catalog.store import Catalog
 from engine.curated import demo, setup
 from engine.errors import StudioError
 from engine.runtime.openvino import models as openvino_models
-from engine.runtime.results import EngineStatus
+from engine.runtime.results import EngineStatus, MachineLoad
 from engine.state import paths, presence, settings, statefile
 from gui import help as help_menu
-from gui import notify, theme
+from gui import machine_load, notify, theme
 from gui.catalog_events import CATALOG_KINDS, CatalogEvents, touches
 from gui.chat import ChatView
 from gui.compare import CompareView
@@ -179,8 +179,11 @@ class MainWindow(QMainWindow):
         self.threads_label = QLabel()
         self.threads_label.setToolTip("Inference threads of the engine process "
                                       "(Settings → Engine threads)")
+        # Shown only while other programs slow the engine (gui.machine_load).
+        self.machine_label = QLabel()
+        self.machine_label.hide()
         for label in (self.engine_label, self.resident_label, self.memory_label,
-                      self.threads_label):
+                      self.threads_label, self.machine_label):
             self.statusBar().addPermanentWidget(label)
 
         self.library.selected.connect(self._selected)
@@ -209,6 +212,7 @@ class MainWindow(QMainWindow):
         self.training.variantCreated.connect(self._trained)
         self.client.stateChanged.connect(self._engine_state)
         self.client.described.connect(self._described)
+        self.client.machineLoad.connect(self._machine_load)
         self.client.requestFailed.connect(self._request_failed)
 
         self._make_actions()
@@ -648,6 +652,16 @@ class MainWindow(QMainWindow):
         threads = info.n_threads
         self.threads_label.setText(f"{threads} thread{'' if threads == 1 else 's'}"
                                    if threads else "")
+
+    def _machine_load(self, load: MachineLoad | None) -> None:
+        """Say so while other programs slow the engine; nothing once they do not."""
+        if load is None:
+            self.machine_label.hide()
+            return
+        text, tooltip = machine_load.note(load)
+        self.machine_label.setText(text)
+        self.machine_label.setToolTip(tooltip)
+        self.machine_label.show()
 
     def _request_failed(self, _op: str, message: str) -> None:
         self.statusBar().showMessage(message, 15000)

@@ -23,7 +23,7 @@ from engine.catalog.resolve import SessionSpec
 from engine.errors import Cancelled, EngineError, RefusedError
 from engine.formats import tool_calls
 from engine.formats.tool_calls import CallParser, Constraint
-from engine.runtime import prompting, replay
+from engine.runtime import contention, prompting, replay
 from engine.runtime.backend import ResidentModel, TextStream
 from engine.runtime.constraint import Matcher
 from engine.runtime.messages import Prompt
@@ -153,7 +153,7 @@ class Side:
             top_logprobs=tuple(self.top) if self.top else None,
             replay=replay.record(self.session.spec, prompt, sampling, self.prompt,
                                  self.tokens, texts, self.text, self.finish, constraint),
-            content=content, tool_calls=calls)
+            content=content, tool_calls=calls, machine_load=contention.machine_load())
 
 
 class GenerationTask:

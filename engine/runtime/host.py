@@ -146,8 +146,11 @@ class Host:
     def registry(self) -> SessionRegistry:
         """The residents and sessions, created on first use."""
         if self._registry is None:
+            from engine.runtime import contention
             from engine.runtime.sessions import SessionRegistry
 
+            # Measure the machine while decoding; adapt the threads if they are automatic.
+            contention.enable(*contention.configured())
             self._registry = SessionRegistry(max_sessions=configured_sessions(),
                                              n_threads=configured_threads())
         return self._registry
@@ -234,13 +237,11 @@ EXCLUSIVE: dict[type[m.Request], Callable[[Host, Any, Job], Any]] = {
 
 
 def configured_threads() -> int:
-    """Threads for inference: VARIANT_STUDIO_THREADS (set by the client from the
-    settings when it starts this process), else one per CPU core."""
-    try:
-        threads = int(os.environ.get("VARIANT_STUDIO_THREADS", "0"))
-    except ValueError:
-        threads = 0
-    return threads if threads > 0 else max(1, os.cpu_count() or 1)
+    """Threads for inference at most (`engine.runtime.contention.configured`: the
+    settings' count, else one per CPU core, fewer while other programs hold cores)."""
+    from engine.runtime import contention
+
+    return contention.configured()[0]
 
 
 def configured_sessions() -> int:

@@ -53,6 +53,18 @@ Alternative = tuple[int, str, float]
 
 
 @dataclass(frozen=True)
+class MachineLoad(Result):
+    """Other programs were using the CPU cores the engine decodes on
+    (`engine.runtime.contention`): what they used and how many threads the engine
+    decoded on because of it, out of how many it would use on a quiet machine."""
+
+    other_cores: float
+    threads: int
+    max_threads: int
+    cpus: int
+
+
+@dataclass(frozen=True)
 class GenerationResult(Result):
     """One generated answer: its text and tokens, what produced it and how fast.
 
@@ -81,6 +93,8 @@ class GenerationResult(Result):
     # With tools: the answer's content without its tool calls, and the calls.
     content: str | None = field(default=None, metadata=wire.OMIT_NONE)
     tool_calls: tuple[ToolCall, ...] | None = field(default=None, metadata=wire.OMIT_NONE)
+    # Set when other programs' CPU use was slowing the engine as the answer finished.
+    machine_load: MachineLoad | None = field(default=None, metadata=wire.OMIT_NONE)
 
 
 @dataclass(frozen=True)

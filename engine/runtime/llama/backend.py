@@ -27,6 +27,7 @@ from engine.catalog.resolve import AdapterFile
 from engine.errors import Cancelled, EngineError, RefusedError
 from engine.formats.artifacts import AdapterInfo
 from engine.formats.safeio import printable
+from engine.runtime import contention
 from engine.runtime.tokens import common_prefix
 
 _log_lines: deque[str] = deque(maxlen=500)
@@ -289,6 +290,7 @@ class LlamaContext:
         self.ptr = None
         self.batch = None
         self.capacity = 0
+        self.threads_now = n_threads  # what the native context decodes on now
         self.tokens: list[int] = []  # what the KV cache holds, in order (sequence 0)
         self.aligned = 0  # leading cached tokens decoded as whole aligned chunks
         self.reused = 0  # tokens the last prefill or score took from the cache
@@ -324,6 +326,7 @@ class LlamaContext:
         params.n_seq_max = 1
         params.n_threads = self.n_threads
         params.n_threads_batch = self.n_threads
+        self.threads_now = self.n_threads
         params.no_perf = True
         params.flash_attn_type = FLASH_ATTN
         params.abort_callback = self._abort_cb
@@ -382,6 +385,12 @@ class LlamaContext:
             b.seq_id[i][0] = 0
             b.logits[i] = want == "all" or (want == "last" and i == len(tokens) - 1)
         b.n_tokens = len(tokens)
+        # Fewer threads while other programs hold cores (engine.runtime.contention);
+        # the count changes no result, only how the rows are shared out.
+        threads = contention.threads_for(self.n_threads)
+        if threads != self.threads_now:
+            llama_cpp.llama_set_n_threads(self.ptr, threads, threads)
+            self.threads_now = threads
         rc = llama_cpp.llama_decode(self.ptr, b)
         if rc != 0:
             # An aborted or failed batch leaves the cache in an unknown state.
