@@ -114,7 +114,7 @@ def test_a_chat_item_with_tool_calls_is_a_tool_call_score_item(tmp_path: Path) -
     assert said.tool_calls is None and said.target == "Hello."
 
 
-def test_tool_calls_in_data_are_checked_and_not_trained_yet(tmp_path: Path) -> None:
+def test_tool_calls_in_data_are_checked_and_trained_only_with_tools(tmp_path: Path) -> None:
     bad = {"messages": [{"role": "user", "content": "x", "tool_calls": []},
                         {"role": "assistant", "content": "y"}]}
     nameless = {"messages": [{"role": "user", "content": "x"}, {
@@ -126,7 +126,10 @@ def test_tool_calls_in_data_are_checked_and_not_trained_yet(tmp_path: Path) -> N
     assert "line 2: message 1: tool call 1: needs a function with a name" in \
         refused.value.message
     records, _sha = data.read_records(_jsonl(tmp_path / "ok.jsonl", CALL_LINE), dpo=False)
-    with pytest.raises(data.DataError, match="line 1: assistant tool_calls can be scored"):
+    # Scoreable as it is; trained only beside the tools a served request would offer
+    # (tests/test_training_tools.py trains lines with tools).
+    with pytest.raises(data.DataError, match="line 1: assistant tool_calls need the "
+                                             "line's tools"):
         data.encode(records, object(), 64, False)
 
 

@@ -45,7 +45,7 @@ from typing import Annotated, Any, Literal
 
 from engine import wire
 from engine.errors import RefusedError
-from engine.formats.templates import Message, ToolCall
+from engine.formats.templates import Message, ToolCall, plain_prompt, render
 
 FORMATS = ("hermes", "llama3", "bracketed", "generic")
 MAX_TOOLS = 128
@@ -194,9 +194,7 @@ def prepare(messages: Sequence[Message], tools: Sequence[Tool], fmt: str
     out: list[Message] = []
     for message in messages:
         if message.role == "assistant" and message.tool_calls:
-            text = write_calls(message.tool_calls, "generic")
-            out.append(Message("assistant", f"{message.content}\n{text}" if message.content
-                               else text))
+            out.append(Message("assistant", answer_text(message, "generic")))
         elif message.role == "tool":
             out.append(Message("user", json.dumps({"tool_response": {
                 "name": message.name, "tool_call_id": message.tool_call_id,
@@ -211,6 +209,44 @@ def prepare(messages: Sequence[Message], tools: Sequence[Tool], fmt: str
         else:
             out.insert(0, Message("system", section))
     return out, None
+
+
+def answer_text(message: Message, fmt: str) -> str:
+    """An assistant turn as the model writes it in format `fmt`: its content, then its
+    calls as the server's parser reads them (`write_calls`), on a line of their own
+    after any content. Training trains exactly this text."""
+    if not message.tool_calls:
+        return message.content
+    calls = write_calls(message.tool_calls, fmt)
+    return f"{message.content}\n{calls}" if message.content else calls
+
+
+def chat_format(template: str | None, messages: Sequence[Message],
+                tools: Sequence[Tool] | None) -> str | None:
+    """The tool-call format a conversation is rendered and answered in (None: it has no
+    tools, tool calls or tool results; `generic` when the template takes no tools)."""
+    if not tools and not any(m.role == "tool" or m.tool_calls for m in messages):
+        return None
+    return detect(template)
+
+
+def render_chat(template: str | None, messages: Sequence[Message],
+                tools: Sequence[Tool] | None, *, bos_token: str = "", eos_token: str = "",
+                add_generation_prompt: bool = True) -> str:
+    """A conversation (with its tools, calls and results) as the prompt's text: `prepare`
+    for its format, then the sandboxed template (a plain transcript without one).
+
+    The one rendering of chats: serving (`engine.runtime.prompting`) and training
+    (`engine.training.tokenizer`) both call it, so a variant trained on a conversation
+    sees the same text when that conversation is served."""
+    fmt = chat_format(template, messages, tools)
+    rendered_tools = None
+    if fmt is not None:
+        messages, rendered_tools = prepare(messages, tools or (), fmt)
+    if not template:
+        return plain_prompt(messages)
+    return render(template, messages, bos_token=bos_token, eos_token=eos_token,
+                  add_generation_prompt=add_generation_prompt, tools=rendered_tools)
 
 
 def generic_section(tools: Sequence[Tool]) -> str:

@@ -16,7 +16,7 @@ from engine.catalog.resolve import SessionSpec
 from engine.errors import ContextOverflowError, RefusedError
 from engine.formats import tool_calls
 from engine.formats.artifacts import BaseModelInfo
-from engine.formats.templates import Message, plain_prompt, render
+from engine.formats.templates import Message
 from engine.runtime.backend import ResidentModel
 from engine.runtime.messages import Prompt
 
@@ -30,16 +30,10 @@ def prompt_tokens(model: ResidentModel, info: BaseModelInfo, spec: SessionSpec,
         system = prompt.system if prompt.system is not None else spec.system_prompt
         if system and messages[0].role != "system":
             messages.insert(0, Message("system", system))
-        tools = None
-        fmt = tool_format(info, prompt)
-        if fmt is not None:
-            messages, tools = tool_calls.prepare(messages, prompt.tools or (), fmt)
-        if info.chat_template:
-            text = render(info.chat_template, messages,
-                          bos_token=special(model, info.bos_token_id),
-                          eos_token=special(model, info.eos_token_id), tools=tools)
-        else:
-            text = plain_prompt(messages)
+        # The one chat rendering, shared with training (`tool_calls.render_chat`).
+        text = tool_calls.render_chat(info.chat_template, messages, prompt.tools,
+                                      bos_token=special(model, info.bos_token_id),
+                                      eos_token=special(model, info.eos_token_id))
     else:
         if not prompt.text:
             raise RefusedError("empty prompt")
@@ -55,10 +49,7 @@ def prompt_tokens(model: ResidentModel, info: BaseModelInfo, spec: SessionSpec,
 def tool_format(info: BaseModelInfo, prompt: Prompt) -> str | None:
     """The tool-call format `prompt` is rendered and answered in (None: it has no tools,
     tool calls or tool results; `generic` without a template that takes tools)."""
-    if not prompt.tools and not any(m.role == "tool" or m.tool_calls
-                                    for m in prompt.messages):
-        return None
-    return tool_calls.detect(info.chat_template)
+    return tool_calls.chat_format(info.chat_template, prompt.messages, prompt.tools)
 
 
 def text_tokens(model: ResidentModel, info: BaseModelInfo, text: str) -> list[int]:

@@ -7,6 +7,12 @@ Accepted lines (one JSON object each; blank lines are skipped):
 - `{"prompt": ..., "completion": ...}`: raw text; the prompt is masked from the loss.
 - `{"messages": [{"role": ..., "content": ...}, ...]}`: rendered with the model's
   chat template exactly as serving renders it; assistant turns are trained.
+  With `"tools": [OpenAI function tools]` beside the messages, an assistant turn may make
+  `tool_calls` (OpenAI's shape; its content may then be empty or null) and `tool`
+  messages (`tool_call_id`, optional `name`) carry a call's result. The line is rendered
+  as a served request with those tools is (`engine.formats.tool_calls.render_chat`), and
+  a turn with calls is trained on the text the server's parser reads back as those calls
+  (`tool_calls.answer_text`); a template that writes the calls otherwise is refused.
 - `{"tokens": [id, ...], "mask": [0 | 1, ...]}`: the token ids themselves (a served
   answer or an RL rollout, trained on exactly the ids that were sampled, never
   re-tokenized); 1 marks a trained position, `mask` left out trains every token but
@@ -26,6 +32,7 @@ adapter must leave alone: the KL penalty toward the base is measured on it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -35,14 +42,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from engine.errors import RefusedError
+from engine.formats import tool_calls as tool_formats
 from engine.formats.safeio import open_regular
-from engine.formats.templates import ROLES, Message, TemplateError
-from engine.formats.tool_match import calls_from_openai
+from engine.formats.templates import CHAT_ROLES, Message, TemplateError, ToolCall
+from engine.formats.tool_calls import Tool
+from engine.formats.tool_match import calls_from_openai, same_calls, tools_from_openai
 
 MAX_DATA_BYTES = 1 << 30
 T = TypeVar("T")
 MAX_REPORTED = 8
 EXTRA_KEYS = frozenset({"id", "meta", "source"})
+MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "name"})
 TOKEN_KEYS = frozenset({"tokens", "mask"})
 # The memorisation warning: fewer examples than this, or more passes than this.
 SMALL_EXAMPLES = 32
@@ -77,6 +87,7 @@ class Record:
     rejected: str | None = None
     tokens: tuple[int, ...] = ()
     mask: tuple[bool, ...] | None = None  # None: every token but the first is trained
+    tools: tuple[Tool, ...] | None = None  # a chat line's tools (OpenAI function tools)
 
 
 @dataclass(frozen=True)
@@ -211,30 +222,42 @@ def _parse_line(value: dict[str, Any], number: int, dpo: bool, n_vocab: int | No
             raise fail(f"{key} is empty")
         return item
 
-    def messages(require_assistant: bool) -> tuple[Message, ...]:
+    def messages(require_assistant: bool, tools: tuple[Tool, ...] | None = None
+                 ) -> tuple[Message, ...]:
         items = value["messages"]
         if not isinstance(items, list) or not items:
             raise fail("messages must be a non-empty list")
-        out = []
+        out: list[Message] = []
         for i, item in enumerate(items):
-            if (not isinstance(item, dict) or set(item) - {"role", "content", "tool_calls"}
-                    or not isinstance(item.get("role"), str)
-                    or not isinstance(item.get("content"), str)):
+            if (not isinstance(item, dict) or set(item) - MESSAGE_KEYS
+                    or not isinstance(item.get("role"), str)):
                 raise fail(f"message {i} must be an object with string role and content")
-            if item["role"] not in ROLES:
-                raise fail(f"message {i} has unknown role {item['role']!r} "
-                           f"(use {', '.join(ROLES)})")
+            role = item["role"]
+            if role not in CHAT_ROLES:
+                raise fail(f"message {i} has unknown role {role!r} "
+                           f"(use {', '.join(CHAT_ROLES)})")
+            content = item.get("content")
+            if content is None and role == "assistant" and item.get("tool_calls"):
+                content = ""  # OpenAI's shape: a turn that only calls has null content
+            if not isinstance(content, str):
+                raise fail(f"message {i} must be an object with string role and content")
+            if role != "tool" and {"tool_call_id", "name"} & set(item):
+                raise fail(f"message {i}: only a tool message has tool_call_id and name")
             calls = None
             if "tool_calls" in item:
-                # An expected tool call (OpenAI's shape): what a score set's tool-call
-                # exact match compares the greedy answer's calls with.
-                if item["role"] != "assistant":
+                # OpenAI's shape: trained as the model's calls (with the line's tools), or
+                # what a score set's tool-call exact match compares the answer's calls with.
+                if role != "assistant":
                     raise fail(f"message {i}: only an assistant message has tool_calls")
                 try:
                     calls = calls_from_openai(item["tool_calls"])
                 except RefusedError as exc:
                     raise fail(f"message {i}: {exc.message}") from None
-            out.append(Message(item["role"], item["content"], tool_calls=calls))
+                _check_calls(calls, tools, i, fail)
+            if role == "tool":
+                out.append(_tool_result(item, content, out, i, fail))
+                continue
+            out.append(Message(role, content, tool_calls=calls))
         if require_assistant:
             if not any(m.role == "assistant" for m in out):
                 raise fail("messages have no assistant turn to train on")
@@ -263,6 +286,9 @@ def _parse_line(value: dict[str, Any], number: int, dpo: bool, n_vocab: int | No
                           chosen=chosen, rejected=rejected)
         return Record(number, "preference", float(weight), messages=messages(False),
                       chosen=chosen, rejected=rejected)
+    if "tools" in keys and keys != {"messages", "tools"}:
+        # Tools belong to a conversation: a served request offers them beside messages.
+        raise fail("tools go with messages only (a chat line: messages and tools)")
     if dpo:
         if keys & TOKEN_KEYS:
             raise fail("token lines cannot be trained with --dpo: a preference line scores "
@@ -278,9 +304,107 @@ def _parse_line(value: dict[str, Any], number: int, dpo: bool, n_vocab: int | No
                       completion=text("completion"))
     if keys == {"messages"}:
         return Record(number, "chat", float(weight), messages=messages(True))
+    if keys == {"messages", "tools"}:
+        tools = _tools(value["tools"], fail)
+        return Record(number, "chat", float(weight), messages=messages(True, tools),
+                      tools=tools)
     found = ", ".join(sorted(keys)) or "nothing"
     raise fail(f"expected text, prompt+completion, messages, tokens(+mask), or "
                f"chosen+rejected; found {found}")
+
+
+def _tools(value: Any, fail: Callable[[str], DataError]) -> tuple[Tool, ...]:
+    """A line's `tools`: OpenAI function tools, each schema one the grammar engine
+    compiles (the server refuses any other, so a variant is never trained on tools it
+    could not be served with)."""
+    if not isinstance(value, list) or not value:
+        raise fail("tools must be a non-empty list of OpenAI function tools")
+    for i, entry in enumerate(value):
+        if not isinstance(entry, dict) or entry.get("type") != "function" \
+                or not isinstance(entry.get("function"), dict):
+            raise fail(f"tool {i + 1}: expected {{\"type\": \"function\", \"function\": "
+                       "{\"name\": ..., \"parameters\": {...}}}")
+    try:
+        tools = tools_from_openai(value)
+    except RefusedError as exc:
+        raise fail(f"tools: {exc.message}") from None
+    for tool in tools:
+        error = _schema_error(json.dumps(tool.schema(), sort_keys=True))
+        if error:
+            raise fail(f"tool {tool.name}: its parameters cannot be compiled to a grammar, "
+                       f"so the server would refuse it: {error}")
+    return tools
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_error(schema: str) -> str | None:
+    """Why a schema (JSON text) does not compile, cached: every line of a file usually
+    repeats the same tools."""
+    # Imported here: the grammar engine (llguidance) loads only for data with tools.
+    from engine.runtime.constraint import schema_error
+
+    return schema_error(json.loads(schema))
+
+
+def _check_calls(calls: tuple[ToolCall, ...], tools: tuple[Tool, ...] | None, index: int,
+                 fail: Callable[[str], DataError]) -> None:
+    """Each call's arguments are a JSON object; with the line's tools, each call names one
+    of them and its arguments satisfy that tool's schema (what the server's constraint
+    would have let the model write)."""
+    by_name = {t.name: t for t in tools or ()}
+    for k, call in enumerate(calls, start=1):
+        where = f"message {index}: tool call {k} ({call.name})"
+        try:
+            arguments = json.loads(call.arguments)
+        except (ValueError, RecursionError):
+            raise fail(f"{where}: arguments are not valid JSON") from None
+        if not isinstance(arguments, dict):
+            raise fail(f"{where}: arguments must be a JSON object")
+        if tools is None:
+            continue
+        tool = by_name.get(call.name)
+        if tool is None:
+            raise fail(f"{where}: calls a tool that is not in the line's tools "
+                       f"({', '.join(by_name)})")
+        problem = _schema_problem(tool.schema(), arguments)
+        if problem:
+            raise fail(f"{where}: arguments do not match its parameters: {problem}")
+
+
+def _schema_problem(schema: dict[str, Any], value: Any) -> str | None:
+    import jsonschema
+
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+        error = jsonschema.exceptions.best_match(validator.iter_errors(value))
+    except jsonschema.exceptions.SchemaError as exc:
+        return f"the schema is invalid ({exc.message})"
+    if error is None:
+        return None
+    path = "/".join(str(p) for p in error.absolute_path)
+    return f"{path + ': ' if path else ''}{error.message}"
+
+
+def _tool_result(item: dict[str, Any], content: str, earlier: list[Message], index: int,
+                 fail: Callable[[str], DataError]) -> Message:
+    """A `tool` message: the result of an earlier call, named by its id (its tool's name
+    filled in from that call when left out, as the server does)."""
+    call_id = item.get("tool_call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise fail(f"message {index}: a tool message needs the tool_call_id of the call "
+                   "it answers")
+    found = [c for m in earlier for c in m.tool_calls or () if c.id == call_id]
+    if not found:
+        raise fail(f"message {index}: tool_call_id {call_id!r} answers no earlier tool "
+                   "call")
+    if len(found) > 1:
+        raise fail(f"message {index}: tool_call_id {call_id!r} names more than one earlier "
+                   "call (give each call its own id)")
+    name = item.get("name")
+    if name is not None and name != found[0].name:
+        raise fail(f"message {index}: name {name!r} is not the tool that call {call_id!r} "
+                   f"called ({found[0].name})")
+    return Message("tool", content, tool_call_id=call_id, name=found[0].name)
 
 
 def _token_record(value: dict[str, Any], keys: set[str], number: int, weight: float,
@@ -388,12 +512,12 @@ def _encode(record: Record, tok: Any, seq_len: int, train_eot: bool) -> Example:
         pieces = [_completion(tok, tok.prompt_tokens(record.prompt) if record.prompt else [],
                               record.completion, train_eot, record.line)]
     elif record.kind == "chat":
-        if any(m.tool_calls for m in record.messages):
-            # Scored, not trained yet: the answer's text depends on the model's tool
-            # format, which training does not render (issue 27, part 4).
-            raise fail("assistant tool_calls can be scored (score, Evaluate) but not "
-                       "trained yet")
-        pieces = [_chat(tok, list(record.messages), train_eot, record.line)]
+        if record.tools is None and any(m.tool_calls for m in record.messages):
+            # A served request whose answer is a call offers its tools; without them the
+            # prompt trained on is one no request would send.
+            raise fail("assistant tool_calls need the line's tools (\"tools\": [OpenAI "
+                       "function tools] beside the messages) to be trained")
+        pieces = [_chat(tok, list(record.messages), train_eot, record.line, record.tools)]
     else:
         pieces = []
         for answer in (record.chosen, record.rejected):
@@ -439,19 +563,30 @@ def _completion(tok: Any, prompt: list[int], completion: str, train_eot: bool, l
     return parts
 
 
-def _chat(tok: Any, messages: list[Message], train_eot: bool, line: int
-          ) -> list[tuple[list[int], bool]]:
-    """Segments of a conversation; each assistant answer (and its end of turn) trained."""
+def _chat(tok: Any, messages: list[Message], train_eot: bool, line: int,
+          tools: tuple[Tool, ...] | None = None) -> list[tuple[list[int], bool]]:
+    """Segments of a conversation; each assistant answer (and its end of turn) trained.
+
+    Every prefix is rendered with the line's tools, as the served request for that turn
+    would be (`tok.render`: the one chat rendering). An answer with tool calls is trained
+    on the text the server's parser reads back as exactly those calls."""
 
     def fail(reason: str) -> DataError:
         return DataError(f"line {line}: {reason}")
+
+    def render(upto: int, add_generation_prompt: bool) -> str:
+        # Only a line with tools passes them (a duck-typed tokenizer need not know tools).
+        if tools is None:
+            return tok.render(messages[:upto], add_generation_prompt=add_generation_prompt)
+        return tok.render(messages[:upto], add_generation_prompt=add_generation_prompt,
+                          tools=tools)
 
     parts: list[tuple[list[int], bool]] = []
     covered = ""
     for index, message in enumerate(messages):
         if message.role != "assistant":
             continue
-        prefix = tok.render(messages[:index], add_generation_prompt=True)
+        prefix = render(index, True)
         if not prefix.startswith(covered):
             raise fail("the chat template does not render turns incrementally; "
                        "use prompt/completion data instead")
@@ -459,13 +594,18 @@ def _chat(tok: Any, messages: list[Message], train_eot: bool, line: int
             parts.append((tok.tokenize(prefix[len(covered):], parse_special=True), False))
         else:
             parts.append((tok.prompt_tokens(prefix), False))
-        full = tok.render(messages[:index + 1], add_generation_prompt=False)
+        full = render(index + 1, False)
         tail = full[len(prefix):] if full.startswith(prefix) else None
-        if tail is None or not tail.startswith(message.content):
+        answer = message.content
+        if message.tool_calls:
+            fmt = tok.tool_format(messages[:index + 1], tools) or "generic"
+            answer = _call_answer(message, fmt, tail, fail)
+        elif tail is None or not tail.startswith(answer):
             raise fail("the chat template changes the assistant's text; use "
                        "prompt/completion data instead")
-        parts.append((tok.tokenize(message.content), True))
-        rest = tok.tokenize(tail[len(message.content):], parse_special=True)
+        assert tail is not None
+        parts.append((tok.tokenize(answer), True))
+        rest = tok.tokenize(tail[len(answer):], parse_special=True)
         if train_eot:
             if not rest or not tok.is_end(rest[0]):
                 raise fail("--train-eot: the chat template puts no end-of-turn token "
@@ -475,6 +615,31 @@ def _chat(tok: Any, messages: list[Message], train_eot: bool, line: int
         parts.append((rest, False))
         covered = full
     return parts
+
+
+def _call_answer(message: Message, fmt: str, tail: str | None,
+                 fail: Callable[[str], DataError]) -> str:
+    """The text to train for an assistant turn with tool calls: the calls as the server's
+    parser for format `fmt` reads them (`tool_calls.answer_text`). Refused unless the
+    template renders the turn as exactly that text (a native template may write calls
+    its own way) and the parser gives back exactly these calls: a variant must never
+    learn to write calls the server would not return as calls."""
+    assert message.tool_calls
+    answer = tool_formats.answer_text(message, fmt)
+    if tail is None or not tail.startswith(answer):
+        written = (tail or "").split("\n")[0][:80]
+        raise fail(f"the chat template writes this turn's tool calls differently from "
+                   f"what the server parses in its {fmt} format (expected "
+                   f"{answer[:80]!r}, the template writes {written!r}...); such a turn "
+                   "cannot be trained for this model")
+    content, calls = tool_formats.split(answer, fmt, "training")
+    if not same_calls(calls, message.tool_calls) or content.strip() != message.content.strip():
+        reason = ("the generic format reads calls only when they are the whole answer: "
+                  "leave the content empty" if fmt == "generic" and message.content.strip()
+                  else "its text does not parse back as these calls")
+        raise fail(f"the server would not read this turn's answer as its tool calls "
+                   f"({fmt} format): {reason}")
+    return answer
 
 
 # ---------------------------------------------------------------------------- KL text

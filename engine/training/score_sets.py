@@ -10,9 +10,10 @@ Two kinds of file (`engine.catalog.evaluation.format_of` decides by the name):
   rendered with the chat template as served. An assistant turn with `tool_calls`
   (OpenAI's shape) is a tool-call item: its target is the calls in the generic format
   (`engine.formats.tool_calls`), and exact match also judges the calls themselves.
-  Weights and bookkeeping keys are ignored; preference lines and token lines
+  Weights and bookkeeping keys are ignored; preference lines, token lines
   (`{"tokens": [...]}`: a score is of text as served, and token ids have no text to
-  serve) are refused, with their line numbers.
+  serve) and lines with `tools` (training renders them; scoring does not yet) are
+  refused, with their line numbers.
 - Any other file is text: each non-empty line is one item, scored whole (its first token
   has nothing before it, so it is not scored). Lines, not the whole file, so a long file
   never overflows the context and each line gets its own figures.
@@ -78,6 +79,10 @@ def read_set(path: Path, fmt: str | None = None) -> ScoreSet:
         exact = [f"line {r.line}: token lines cannot be scored (a score set is text, "
                  "scored as served); use text, prompt/completion or messages"
                  for r in records if r.kind == "tokens"]
+        # Scoring renders no tools yet (its expected calls are generic-format text):
+        # refused rather than scored on a prompt no served request would send.
+        exact += [f"line {r.line}: lines with tools can be trained but not scored yet"
+                  for r in records if r.tools is not None]
         if exact:
             more = len(exact) - data.MAX_REPORTED
             raise data.DataError(f"{path.name}: {len(exact)} line"

@@ -2,17 +2,20 @@
 
 The file is opened vocabulary-only (no weights), so training and serving see the
 same token ids for the same text. Chat-formatted examples are rendered with the
-same sandboxed chat template and special-token texts that serving uses.
+same sandboxed chat template and special-token texts that serving uses, through the
+same function (`engine.formats.tool_calls.render_chat`), tools included.
 """
 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from pathlib import Path
 
 from engine.errors import EngineError, RefusedError
 from engine.formats.artifacts import BaseModelInfo
-from engine.formats.templates import Message, render
+from engine.formats.templates import Message
+from engine.formats.tool_calls import Tool, chat_format, render_chat
 
 
 class Tokenizer:
@@ -82,13 +85,22 @@ class Tokenizer:
 
     # ------------------------------------------------------------------ chat
 
-    def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
-        """The chat template's text, exactly as serving renders it."""
+    def render(self, messages: list[Message], add_generation_prompt: bool,
+               tools: Sequence[Tool] | None = None) -> str:
+        """The chat template's text, exactly as serving renders it: the same function
+        (`tool_calls.render_chat`), so tools, tool calls and tool results are rendered
+        in the format a served request with these tools gets."""
         if not self.info.chat_template:
             raise RefusedError("this model has no chat template; use `text` or "
                                "`prompt`/`completion` data")
-        return render(self.info.chat_template, messages, bos_token=self.bos_text,
-                      eos_token=self.eos_text, add_generation_prompt=add_generation_prompt)
+        return render_chat(self.info.chat_template, messages, tools,
+                           bos_token=self.bos_text, eos_token=self.eos_text,
+                           add_generation_prompt=add_generation_prompt)
+
+    def tool_format(self, messages: Sequence[Message], tools: Sequence[Tool] | None
+                    ) -> str | None:
+        """The tool-call format these messages and tools are rendered in (None: none)."""
+        return chat_format(self.info.chat_template, messages, tools)
 
     def prompt_tokens(self, text: str) -> list[int]:
         """Tokens of a rendered prompt, the way serving tokenizes it."""
