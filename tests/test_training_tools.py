@@ -8,20 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from engine.catalog import imports, resolve
+from engine.catalog.store import Catalog
 from engine.formats import tool_calls as tc
 from engine.formats.artifacts import BaseModelInfo
 from engine.formats.templates import Message
-from engine.runtime import prompting
+from engine.runtime import messages, prompting
+from engine.runtime.client import EngineClient
 from engine.runtime.messages import Prompt
 from engine.training import data as data_mod
 from engine.training import score_sets
 from engine.training.tokenizer import Tokenizer
+from tests import families
+from tests.engine_helpers import sampling
+from tests.matrix_helpers import run_cli
 
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers",
@@ -288,3 +295,52 @@ def test_calls_a_template_writes_otherwise_are_refused(tmp_path: Path,
         "line 2: the server would not read this turn's answer as its tool calls (generic "
         "format): the generic format reads calls only when they are the whole answer: "
         "leave the content empty",)
+
+
+# ---------------------------------------------------------------------------- a real run
+
+FLAGS = ["--steps", "2", "--batch", "1", "--seq-len", "384", "--rank", "4", "--threads",
+         "1"]
+
+
+@pytest.mark.slow
+def test_a_tools_file_trains_and_its_variant_is_served_with_tools(
+        studio_home: Path, tmp_path: Path, family_files: dict[str, families.FamilyFiles],
+        capsys: pytest.CaptureFixture) -> None:
+    """Two steps on a four-line tools file (the tiny llama family model, the generic
+    format): the run completes, and its variant, asked with the same tools and
+    tool_choice "auto", answers through a real engine process with the answer parsed
+    for calls (its content split out) and the adapter applied."""
+    lines = [tool_line(), tool_line({"role": "assistant", "content": None, "tool_calls": [
+        call("add", {"a": 4, "b": 1})]}),
+        {"tools": [WEATHER], "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": None,
+             "tool_calls": [call("get_weather", {"city": "Oslo"}, "w1")]}]},
+        {"tools": [ADD], "messages": [{"role": "user", "content": "Hello"},
+                                      {"role": "assistant", "content": "Hi!"}]}]
+    path = write_lines(tmp_path / "tools.jsonl", lines)
+    catalog = Catalog()
+    imports.add_model(catalog, "fixture-llama", family_files["llama"].base("Q8_0"))
+    code, out, err = run_cli(capsys, "train", "calls", "--base", "fixture-llama", "--data",
+                             str(path), *FLAGS, "--variant", "caller", "--json")
+    assert code == 0, err[-3000:]
+    record = json.loads(out)["provenance"]
+    assert record["steps"] == 2 and record["data"]["examples"] == 4
+    assert math.isfinite(record["loss"]["last"])
+
+    tools = tc.Tool("add", "Add two integers", ADD["function"]["parameters"])
+    prompt = Prompt(messages=(Message("user", "What is 7 plus 8?"),), chat=True,
+                    tools=(tools,))
+    client = EngineClient()
+    try:
+        answer = client.call(messages.Generate(
+            resolve.resolve(Catalog(), "caller"), prompt, sampling(max_tokens=24),
+            constraint=tc.Constraint(tool_choice="auto")), timeout=120)
+    finally:
+        client.close()
+    assert [a["name"] for a in answer["adapters"]] == ["calls"]
+    # The answer went through the tool-call parser: its content is split out (and any
+    # calls it makes are whole calls to the offered tool).
+    assert isinstance(answer["content"], str)
+    assert all(c["name"] == "add" for c in answer.get("tool_calls") or ())
