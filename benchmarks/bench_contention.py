@@ -2,9 +2,9 @@
 
 A desktop app shares its machine. This benchmark decodes the same greedy request
 through the engine process under several thread settings, and through raw
-llama-cpp-python (`Llama`) with one thread as the reference, each on a quiet machine
-and with a CPU hog (one busy-looping child process, like a build or a video call
-beside the app) running at the same time.
+llama-cpp-python (`Llama`, in a process of its own) with one thread as the reference,
+each on a quiet machine and with a CPU hog (one busy-looping child process, like a
+build or a video call beside the app) running at the same time.
 
 The settings (`CONFIGS`) are the engine's thread count and libgomp's wait policy:
 this llama.cpp build runs its threads under OpenMP (`ggml_barrier` is `GOMP_barrier`),
@@ -37,6 +37,23 @@ from benchmarks.common import median, scratch_home, write
 PROMPT = "Write a long story about a lighthouse keeper who finds a message in a bottle."
 # A busy loop in its own process: one core's worth of someone else's work.
 HOG_CODE = "while True:\n    pass\n"
+# Raw llama-cpp-python with one thread: for each line N on stdin, decode N greedy tokens
+# and print tok/s from the first token to the last (as bench_llama measures it).
+RAW_CODE = """
+import sys, time, llama_cpp
+raw = llama_cpp.Llama(sys.argv[1], n_ctx=4096, n_batch=512, n_threads=1,
+                      n_threads_batch=1, verbose=False)
+tokens = raw.tokenize(sys.argv[2].encode(), add_bos=False)
+for line in sys.stdin:
+    count = int(line)
+    raw.reset()
+    stamps = []
+    for i, _ in enumerate(raw.generate(tokens, temp=0.0, repeat_penalty=1.0)):
+        stamps.append(time.perf_counter())
+        if i + 1 >= count:
+            break
+    print((len(stamps) - 1) / (stamps[-1] - stamps[0]), flush=True)
+"""
 
 
 @dataclass(frozen=True)
@@ -78,12 +95,27 @@ def stop_hog(hog: subprocess.Popen[bytes]) -> None:
     hog.wait()
 
 
+def background_cores(seconds: float = 1.0) -> float | None:
+    """CPU cores the rest of the machine uses while this benchmark's engines sit idle
+    (how quiet "quiet" was: other people's work on a shared machine counts)."""
+    from engine.runtime.contention import read_cpu_times
+
+    first = read_cpu_times()
+    time.sleep(seconds)
+    second = read_cpu_times()
+    if first is None or second is None:
+        return None
+    return max(0.0, (second.machine - first.machine) - (second.ours - first.ours)) / seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--hog", choices=("unpinned", "pinned"), default="unpinned")
-    parser.add_argument("--configs", default=",".join(CONFIGS),
+    # t2-spin10k is left out by default: it collapses like t2-default (one collapsed run
+    # costs about 20 s), so a default run stays within about 5 minutes at 3 rounds.
+    parser.add_argument("--configs", default="t1,t2-default,t2-passive,auto",
                         help="comma-separated subset of: " + ", ".join(CONFIGS))
     args = parser.parse_args()
     chosen = [CONFIGS[name] for name in args.configs.split(",") if name]
@@ -126,30 +158,32 @@ def main() -> None:
         # Client-observed, first token event to last, as bench_llama measures.
         return (len(result["token_ids"]) - 1) / (stamps[-1] - stamps[0])
 
-    import llama_cpp
-
-    raw = llama_cpp.Llama(str(defaults.embedded_model_path()), n_ctx=4096, n_batch=512,
-                          n_threads=1, n_threads_batch=1, verbose=False)
-    raw_tokens = raw.tokenize(PROMPT.encode(), add_bos=False)
+    # Raw llama-cpp-python in a child process of its own, as each engine is, so that
+    # no side shares a process (and its scheduling) with this driver.
+    raw = subprocess.Popen(
+        [sys.executable, "-c", RAW_CODE, str(defaults.embedded_model_path()), PROMPT],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=clean)
+    assert raw.stdin is not None and raw.stdout is not None
+    raw_in, raw_out = raw.stdin, raw.stdout
 
     def raw_tps() -> float:
-        raw.reset()
-        stamps = []
-        for i, _token in enumerate(raw.generate(raw_tokens, temp=0.0, repeat_penalty=1.0)):
-            stamps.append(time.perf_counter())
-            if i + 1 >= args.tokens:
-                break
-        return (len(stamps) - 1) / (stamps[-1] - stamps[0])
+        raw_in.write(f"{args.tokens}\n")
+        raw_in.flush()
+        return float(raw_out.readline())
+
+    raw_tps()  # warm up
 
     names = ["raw-t1", *clients]
     runs: dict[str, dict[str, list[float]]] = {
         cond: {name: [] for name in names} for cond in ("quiet", "busy")}
     loads: dict[str, list[float]] = {"quiet": [], "busy": []}
+    background: dict[str, list[float | None]] = {"quiet": [], "busy": []}
     for round_no in range(args.rounds):
         conditions = ("quiet", "busy") if round_no % 2 == 0 else ("busy", "quiet")
         for cond in conditions:
             hog = start_hog(args.hog == "pinned") if cond == "busy" else None
             try:
+                background[cond].append(background_cores())
                 shift = round_no % len(names)
                 for name in names[shift:] + names[:shift]:
                     tps = raw_tps() if name == "raw-t1" else engine_tps(name)
@@ -160,7 +194,8 @@ def main() -> None:
             finally:
                 if hog is not None:
                     stop_hog(hog)
-    raw.close()
+    raw_in.close()
+    raw.wait(60)
     for client in clients.values():
         client.close()
 
@@ -179,6 +214,9 @@ def main() -> None:
         row["busy_vs_quiet"] = row["busy"]["median_tps"] / row["quiet"]["median_tps"]
         summary[name] = row
 
+    for cond, cores in background.items():
+        shown = ", ".join("?" if c is None else f"{c:.2f}" for c in cores)
+        print(f"{cond}: other programs used {shown} cores before the rounds")
     print(f"\n{'setting':11} {'quiet tok/s':>11} {'busy tok/s':>10} "
           f"{'quiet/raw1':>10} {'busy/raw1':>9}")
     for name, row in summary.items():
@@ -187,7 +225,7 @@ def main() -> None:
               f"{row['busy']['vs_raw_t1']:9.2f}")
     write("contention", {
         "prompt": PROMPT, "tokens": args.tokens, "rounds": args.rounds, "hog": args.hog,
-        "load_average_1m": loads, "settings": summary,
+        "load_average_1m": loads, "background_cores": background, "settings": summary,
     })
 
 

@@ -90,7 +90,7 @@ class SettingsDialog(QDialog):
         self.new_dir.hide()
         self.threads = QSpinBox()
         self.threads.setRange(0, 256)
-        self.threads.setSpecialValueText("automatic (one per core)")
+        self.threads.setSpecialValueText("automatic (one per free core)")
         self.threads.setValue(current.threads)
         self.context = QSpinBox()
         self.context.setRange(256, 131072)

@@ -6,8 +6,9 @@ when another program holds one of the cores, a thread that finished its share wa
 for one that is not running, hundreds of times per token: on a 2-core machine with one
 core busy, two threads decoded at 0.03 of one thread's speed, while on a quiet machine
 they are about 1.15x one thread (benchmarks/bench_contention.py, docs/performance.md).
-No wait setting saves two threads there (no spinning at all still gave 0.34), so the
-answer is the thread count, chosen while decoding:
+No wait setting saves two threads there (no spinning at all gave 0.4 of one thread,
+and lost more than half the quiet speed), so the answer is the thread count, chosen
+while decoding:
 
 - With threads on automatic (no `VARIANT_STUDIO_THREADS`, Settings' threads 0), the
   engine decodes on one thread per core while the other programs leave the cores

@@ -22,7 +22,7 @@ from engine.state.statefile import Stamp, StateFile
 @dataclass(frozen=True)
 class Settings:
     default_model: str | None = None  # a base or variant name
-    threads: int = 0  # 0: one per CPU core
+    threads: int = 0  # 0: one per CPU core that other programs leave free (runtime.contention)
     context_size: int = 4096
     default_backend: str = "llama"
 
