@@ -13,8 +13,9 @@ while decoding:
 - With threads on automatic (no `VARIANT_STUDIO_THREADS`, Settings' threads 0), the
   engine decodes on one thread per core while the other programs leave the cores
   free, and on as many as they leave free (at least one) while they do not.
-  `Governor` measures that every half second from what the whole machine and this
-  process used in that time (`/proc/stat` against `os.times()`), with hysteresis.
+  `Governor` measures that every fifth of a second (INTERVAL) from what the whole
+  machine and this process used in that time (`/proc/stat` against `os.times()`),
+  with hysteresis.
   Changing the thread count between two decodes does not change any result: llama.cpp
   computes each output row on one thread whatever their count (checked bit for bit;
   tests/test_contention.py).
