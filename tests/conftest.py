@@ -24,6 +24,8 @@ from engine.formats import artifacts  # noqa: E402
 from engine.formats.artifacts import BaseModelInfo  # noqa: E402
 from tests import fake_backend, families, shared_cache  # noqa: E402
 from tests import reference_models as reference  # noqa: E402
+from tests.world import Recipe, World  # noqa: E402
+from tests.world import build as build_world  # noqa: E402
 
 # The longest file (the demo retrain, 15+ minutes) starts first: with `--dist loadfile`
 # files are handed out in collection order, and a long file handed out last is a tail
@@ -203,6 +205,33 @@ def base_info(embedded_path: Path) -> BaseModelInfo:
     info = artifacts.inspect_path(embedded_path)
     assert isinstance(info, BaseModelInfo)
     return info
+
+
+@pytest.fixture(scope="module")
+def world(request: pytest.FixtureRequest, module_home: Path,
+          tmp_path_factory: pytest.TempPathFactory, base_info: BaseModelInfo
+          ) -> Iterator[World]:
+    """The module's world (tests/world.py), as its `WORLD` recipe says, or each of its
+    `WORLDS` in turn (`pytest_generate_tests`), each in a data directory of its own."""
+    several = hasattr(request, "param")
+    recipe = request.param if several else getattr(request.module, "WORLD", Recipe())
+    with pytest.MonkeyPatch.context() as patch:
+        if several:
+            patch.setenv("VARIANT_STUDIO_HOME",
+                         str(tmp_path_factory.mktemp("world-home") / "home"))
+        built = build_world(recipe, tmp_path_factory, base_info)
+        try:
+            yield built
+        finally:
+            built.close()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # A module with `WORLDS` (pytest.param of Recipe, with ids and marks) runs each of its
+    # tests in each world: one module-scoped world at a time.
+    worlds = getattr(metafunc.module, "WORLDS", None)
+    if worlds and "world" in metafunc.fixturenames:
+        metafunc.parametrize("world", worlds, indirect=True, scope="module")
 
 
 @pytest.fixture

@@ -11,64 +11,35 @@ test_openvino_engine.py.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from engine.catalog import resolve
-from engine.catalog.store import Catalog
-from engine.curated import openvino_default
 from engine.errors import Cancelled
 from engine.runtime import messages
-from engine.runtime.client import EngineClient
-from tests.engine_helpers import BASE, populate, request, tokens_of
-from tests.openvino_helpers import openvino_variants, register_default
+from tests.engine_helpers import request, tokens_of
+from tests.world import Recipe, World
 
 TIMEOUT = 900  # a hang bound only (the first OpenVINO request compiles the model)
 
 
-@dataclass
-class World:
-    backend: str
-    base: str
-    catalog: Catalog
-    client: EngineClient
-
-    def generate(self, name: str, **kw) -> dict:
-        return self.client.call(request(self.catalog, name, **kw), timeout=TIMEOUT)
+WORLDS = [pytest.param(Recipe(adapters=True), id="llama"),
+          # OpenVINO: a build first (shared by the run)
+          pytest.param(Recipe(openvino=True, adapters=True), id="openvino",
+                       marks=pytest.mark.slow)]
 
 
-@pytest.fixture(scope="module", params=[
-    "llama", pytest.param("openvino", marks=pytest.mark.slow)])  # OpenVINO: a build first
-def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-          base_info) -> Iterator[World]:
-    backend = request.param
-    tmp = tmp_path_factory.mktemp(f"engine-{backend}")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("VARIANT_STUDIO_HOME", str(tmp / "home"))
-        catalog = Catalog()
-        if backend == "llama":
-            populate(catalog, tmp, base_info)
-            base = BASE
-        else:
-            register_default(catalog, tmp_path_factory)
-            openvino_variants(catalog, tmp, base_info)
-            base = openvino_default.NAME
-        client = EngineClient()
-        try:
-            yield World(backend, base, catalog, client)
-        finally:
-            client.close()
+def generate(world: World, name: str, **kw) -> dict:
+    return world.engine.call(request(world.catalog, name, **kw), timeout=TIMEOUT)
 
 
 def test_variants_change_output_and_never_leak_into_the_base(world: World) -> None:
-    base_first = world.generate(world.base)
-    va = world.generate("va")
-    vb = world.generate("vb")
-    va0 = world.generate("va0")
-    base_after = world.generate(world.base)
-    va_again = world.generate("va")
+    base_first = generate(world, world.base)
+    va = generate(world, "va")
+    vb = generate(world, "vb")
+    va0 = generate(world, "va0")
+    base_after = generate(world, world.base)
+    va_again = generate(world, "va")
     assert len(base_first["token_ids"]) == 24
     assert va["token_ids"] != base_first["token_ids"], "the adapter changed nothing"
     assert vb["token_ids"] != va["token_ids"], "two adapters gave the same output"
@@ -86,11 +57,11 @@ def test_variants_change_output_and_never_leak_into_the_base(world: World) -> No
 
 def test_compare_sides_equal_plain_generations(world: World) -> None:
     events: list[messages.Event] = []
-    handle = world.client.submit(request(world.catalog, "va", kind=messages.Compare),
+    handle = world.engine.submit(request(world.catalog, "va", kind=messages.Compare),
                                  events.append)
     result = handle.wait(TIMEOUT)
-    base = world.generate(world.base)
-    variant = world.generate("va")
+    base = generate(world, world.base)
+    variant = generate(world, "va")
     assert result["base"]["token_ids"] == base["token_ids"]
     assert result["variant"]["token_ids"] == variant["token_ids"]
     assert result["base"]["identity"] == base["identity"]
@@ -109,7 +80,7 @@ def test_compare_sides_equal_plain_generations(world: World) -> None:
 
 
 def test_adapter_effect_is_zero_for_scale_zero(world: World) -> None:
-    result = world.client.call(request(world.catalog, "va0", kind=messages.Compare),
+    result = world.engine.call(request(world.catalog, "va0", kind=messages.Compare),
                                timeout=TIMEOUT)
     assert result["first_divergence"] is None
     assert result["adapter_effect"] == 0.0
@@ -117,19 +88,19 @@ def test_adapter_effect_is_zero_for_scale_zero(world: World) -> None:
 
 def test_seeded_sampling_is_reproducible_and_stop_strings_end_text(world: World) -> None:
     seeded = {"temperature": 0.9, "top_k": 40, "top_p": 0.9}
-    one = world.generate("vb", seed=42, **seeded)
-    two = world.generate("vb", seed=42, **seeded)
-    other = world.generate("vb", seed=43, **seeded)
+    one = generate(world, "vb", seed=42, **seeded)
+    two = generate(world, "vb", seed=42, **seeded)
+    other = generate(world, "vb", seed=43, **seeded)
     assert one["token_ids"] == two["token_ids"] and one["token_ids"] != other["token_ids"]
-    full = world.generate(world.base)
+    full = generate(world, world.base)
     word = full["text"].split()[3]
-    stopped = world.generate(world.base, stop=[word])
+    stopped = generate(world, world.base, stop=[word])
     assert stopped["finish_reason"] == "stop" and word not in stopped["text"]
     assert full["text"].startswith(stopped["text"])
 
 
 def test_cancel_ends_with_cancelled_and_no_more_tokens(world: World) -> None:
-    client = world.client
+    client = world.engine
     after_cancel: list[messages.Event] = []
     cancelled = threading.Event()
     holder: dict = {}
@@ -145,5 +116,5 @@ def test_cancel_ends_with_cancelled_and_no_more_tokens(world: World) -> None:
     with pytest.raises(Cancelled):
         holder["handle"].wait(TIMEOUT)
     assert after_cancel == [messages.Cancelled()]
-    assert world.generate("va", max_tokens=3)["finish_reason"] == "length"  # still serving
+    assert generate(world, "va", max_tokens=3)["finish_reason"] == "length"  # still serving
 

@@ -7,33 +7,25 @@ cancel) is in test_engine_backends.py; here is what is llama.cpp's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.catalog import resolve
-from engine.catalog.store import AdapterSpec, Catalog
+from engine.catalog.store import AdapterSpec
 from engine.errors import EngineError, RefusedError
 from engine.runtime import messages
 from engine.runtime.client import EngineClient
-from tests.engine_helpers import BASE, generate, populate, request
+from tests.engine_helpers import BASE, generate, request
+from tests.world import Recipe
 
-
-@pytest.fixture(scope="module")
-def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory, base_info
-          ) -> Iterator[tuple[Catalog, EngineClient]]:
-    catalog = Catalog()
-    populate(catalog, tmp_path_factory.mktemp("engine"), base_info)
-    client = EngineClient()
-    yield catalog, client
-    client.close()
+WORLD = Recipe(adapters=True)
 
 
 @pytest.mark.slow
 def test_variant_first_then_base_in_a_fresh_engine(world) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     reference = generate(client, catalog, BASE)
     fresh = EngineClient()
     try:
@@ -46,7 +38,7 @@ def test_variant_first_then_base_in_a_fresh_engine(world) -> None:
 def test_two_names_for_the_same_parts_share_a_session_and_keep_their_names(world) -> None:
     """The variant's own name is not in the identity: a variant with the same parts as
     another is served by the same session, and each result still names its variant."""
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     catalog.add_variant("va-same", BASE, [AdapterSpec("a", 1.0)])
     assert resolve.identity(catalog, "va-same") == resolve.identity(catalog, "va")
     client.call(messages.CloseAll(), timeout=60)
@@ -59,7 +51,7 @@ def test_two_names_for_the_same_parts_share_a_session_and_keep_their_names(world
 
 
 def test_killing_the_engine_fails_the_request_and_the_next_one_works(world) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     first_pid = client.call(messages.Ping(), timeout=60)["pid"]
     holder: dict = {}
 
@@ -78,7 +70,7 @@ def test_killing_the_engine_fails_the_request_and_the_next_one_works(world) -> N
 
 
 def test_adapter_changed_after_import_is_refused_at_session_open(world) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     client.call(messages.CloseAll(), timeout=60)
     stored = Path(catalog.adapter("b")["path"])
     original = stored.read_bytes()
@@ -95,7 +87,7 @@ def test_adapter_changed_after_import_is_refused_at_session_open(world) -> None:
 
 
 def test_describe_reports_sessions_adapters_and_memory(world) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     client.call(messages.CloseAll(), timeout=60)
     for name in (BASE, "va", "vb", "vab"):  # four identities, at most three live
         generate(client, catalog, name, max_tokens=2)
@@ -116,7 +108,7 @@ def test_kv_cache_grows_with_the_request_and_never_changes_results(world) -> Non
     """A session allocates the KV cells its requests need (powers of two up to n_ctx),
     and the allocation is invisible in the results: the same request gives bit-identical
     tokens and log-probabilities before and after the cache grew."""
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     client.call(messages.CloseAll(), timeout=60)
 
     def session(name: str) -> dict[str, Any]:
@@ -136,7 +128,7 @@ def test_kv_cache_grows_with_the_request_and_never_changes_results(world) -> Non
 
 
 def test_eos_ends_a_generation_before_max_tokens(world) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     prompt = messages.Prompt("Reply with one word: yes or no. Is water wet?", chat=True)
     result = generate(client, catalog, BASE, prompt=prompt, max_tokens=64)
     assert result["finish_reason"] == "eos"

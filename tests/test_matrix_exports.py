@@ -32,7 +32,6 @@ import pytest
 
 from engine import export
 from engine.catalog.store import Catalog
-from engine.curated import setup
 from engine.export import llama_server, ovms, vllm
 from engine.formats import architecture
 from engine.formats import capabilities as cap
@@ -46,6 +45,7 @@ from tests.matrix_helpers import (
     expected,
     run_cli,
 )
+from tests.world import Recipe, World
 
 TARGETS = {"llama-server": cap.EXPORT_LLAMA_SERVER, "vllm": cap.EXPORT_VLLM,
            "ovms": cap.EXPORT_OVMS}
@@ -54,11 +54,7 @@ TARGETS = {"llama-server": cap.EXPORT_LLAMA_SERVER, "vllm": cap.EXPORT_VLLM,
 WRITERS = {"llama-server": llama_server, "vllm": vllm, "ovms": ovms}
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    catalog = Catalog()
-    setup.first_run(catalog, with_demo=True)
-    return {"catalog": catalog, "out": tmp_path_factory.mktemp("exports")}
+WORLD = Recipe(demo=True)
 
 
 def sha256(path: Path) -> str:
@@ -93,14 +89,14 @@ def check_vllm(folder: Path, manifest: dict[str, Any], files: families.FamilyFil
 @pytest.mark.slow
 @pytest.mark.parametrize(("variant", "kind"), CASES, ids=IDS)
 def test_exports_work_or_are_refused_up_front(
-        variant: str, kind: str, world: dict[str, Any],
+        variant: str, kind: str, world: World,
         family_files: dict[str, families.FamilyFiles],
         capsys: pytest.CaptureFixture) -> None:
     files = family_files[variant]
     cells = expected(files, kind)
-    catalog: Catalog = world["catalog"]
+    catalog: Catalog = world.catalog
     base, adapter, var = add_gguf_variant(catalog, files, kind)
-    root: Path = world["out"] / f"{variant}-{kind}"
+    root: Path = world.out / f"{variant}-{kind}"
     root.mkdir()
 
     for target, feature in TARGETS.items():

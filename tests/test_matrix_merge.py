@@ -25,20 +25,16 @@ catalog and one engine process for the module.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
 from engine.catalog import resolve
 from engine.catalog.store import Catalog
-from engine.curated import setup
 from engine.formats import capabilities as cap
 from engine.formats import gguf_file
 from engine.runtime import messages
-from engine.runtime.client import EngineClient
 from engine.runtime.merge.work import MergeWorker
 from engine.state import paths
 from tests import families
@@ -51,27 +47,20 @@ from tests.matrix_helpers import (
     rotation,
     run_cli,
 )
+from tests.world import Recipe, World
 
 MERGE_TYPE = "q8_0"
 FLAGS = ["--type", MERGE_TYPE, "--eval-rows", "1", "--task-rows", "0", "--json"]
 TIMEOUT = 300  # a hang bound only
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path) -> Iterator[dict[str, Any]]:
-    catalog = Catalog()
-    setup.first_run(catalog, with_demo=True)
-    client = EngineClient()
-    try:
-        yield {"catalog": catalog, "engine": client}
-    finally:
-        client.close()
+WORLD = Recipe(demo=True)
 
 
-def logprobs(world: dict[str, Any], model: str) -> np.ndarray:
+def logprobs(world: World, model: str) -> np.ndarray:
     """The per-token log-probabilities of the fixture text under `model` (teacher-forced)."""
     item = (messages.ScoreItem("text", families.PROMPT, line=1),)
-    score = world["engine"].call(messages.Score(resolve.resolve(world["catalog"], model), item),
+    score = world.engine.call(messages.Score(resolve.resolve(world.catalog, model), item),
                                  timeout=TIMEOUT)
     return np.asarray(score["rows"][0]["logprobs"])
 
@@ -79,12 +68,12 @@ def logprobs(world: dict[str, Any], model: str) -> np.ndarray:
 @pytest.mark.slow
 @pytest.mark.parametrize(("variant", "kind"), rotation(), ids=ids(rotation()))
 def test_a_merge_serves_or_is_refused_up_front(
-        variant: str, kind: str, world: dict[str, Any],
+        variant: str, kind: str, world: World,
         family_files: dict[str, families.FamilyFiles],
         capsys: pytest.CaptureFixture) -> None:
     files = family_files[variant]
     cells = expected(files, kind)
-    catalog: Catalog = world["catalog"]
+    catalog: Catalog = world.catalog
     base, adapter, var = add_gguf_variant(catalog, files, kind)
     merged = name("m", variant, kind)
     command = ["merge", var, "--out", merged, *FLAGS]

@@ -40,7 +40,6 @@ catalog and one engine process for the module.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +48,8 @@ import pytest
 from engine import export
 from engine.catalog import digest, imports, resolve
 from engine.catalog.store import AdapterSpec, Catalog
-from engine.curated import setup
 from engine.formats import capabilities as cap
 from engine.runtime import messages
-from engine.runtime.client import EngineClient
 from engine.runtime.openvino import build
 from engine.runtime.openvino import models as openvino_models
 from tests import families
@@ -68,6 +65,7 @@ from tests.matrix_helpers import (
     run_cli,
 )
 from tests.openvino_helpers import cache_dir
+from tests.world import Recipe, World
 
 PROMPT = messages.Prompt("The old lighthouse keeper climbed the spiral stairs", chat=False)
 BUILT = set(rotation())  # where the supported builds run (see the module docstring)
@@ -75,18 +73,12 @@ EXPORTED = set(rotation(1))  # where the supported OVMS exports run
 TIMEOUT = 600  # a hang bound only
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[dict[str, Any]]:
-    cache = cache_dir(tmp_path_factory)  # exported to the engine processes via the env
-    catalog = Catalog()
-    setup.first_run(catalog, with_demo=True)
-    client = EngineClient()
-    try:
-        yield {"catalog": catalog, "engine": client, "cache": cache,
-               "out": tmp_path_factory.mktemp("ovms")}
-    finally:
-        client.close()
+def _cache(world: World) -> None:
+    # Set before any engine process starts: they find the build cache through the env.
+    world.extra["cache"] = cache_dir()
+
+
+WORLD = Recipe(demo=True, furnish=_cache)
 
 
 def built_from(cache: Path, source: Path) -> list[str]:
@@ -96,16 +88,16 @@ def built_from(cache: Path, source: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir() if p.name.startswith(prefix))
 
 
-def generate(world: dict[str, Any], model: str) -> dict[str, Any]:
-    spec = resolve.resolve(world["catalog"], model, backend="openvino")
-    return world["engine"].call(messages.Generate(spec, PROMPT, sampling(max_tokens=6)),
+def generate(world: World, model: str) -> dict[str, Any]:
+    spec = resolve.resolve(world.catalog, model, backend="openvino")
+    return world.engine.call(messages.Generate(spec, PROMPT, sampling(max_tokens=6)),
                                 timeout=TIMEOUT)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("variant", "kind"), CASES, ids=IDS)
 def test_openvino_with_an_adapter_works_or_is_refused_up_front(
-        variant: str, kind: str, world: dict[str, Any],
+        variant: str, kind: str, world: World,
         family_files: dict[str, families.FamilyFiles],
         capsys: pytest.CaptureFixture) -> None:
     files = family_files[variant]
@@ -119,7 +111,7 @@ def test_openvino_with_an_adapter_works_or_is_refused_up_front(
         line = assert_refused(capsys, add, cell.reason,
                               forbid=[(openvino_models, "engine_builder")])
         assert "OpenVINO cannot compute this file as llama.cpp does" in line
-        assert built_from(world["cache"], source) == []  # nothing built
+        assert built_from(world.extra["cache"], source) == []  # nothing built
     elif (variant, kind) in BUILT:
         check_openvino_base(world, files, kind)
     else:
@@ -132,15 +124,15 @@ def test_openvino_with_an_adapter_works_or_is_refused_up_front(
         check_ovms_export(world, files, kind, capsys)
 
 
-def check_openvino_base(world: dict[str, Any], files: families.FamilyFiles,
+def check_openvino_base(world: World, files: families.FamilyFiles,
                         kind: str) -> None:
     """Added for OpenVINO (built), a PEFT adapter imported for it, a variant that serves."""
-    catalog: Catalog = world["catalog"]
+    catalog: Catalog = world.catalog
     source = files.base(kind)
     base, adapter, var = (name(p, files.variant, kind) for p in ("ov", "ap", "ovv"))
 
     def builder(path: Path, progress: Any) -> dict[str, Any]:
-        return world["engine"].call(messages.BuildOpenVino(str(path)), timeout=TIMEOUT)
+        return world.engine.call(messages.BuildOpenVino(str(path)), timeout=TIMEOUT)
 
     record = openvino_models.add_gguf(catalog, base, source, builder=builder)
     assert record["backend"] == "openvino" and record["format"] == "openvino"
@@ -164,12 +156,12 @@ def check_openvino_base(world: dict[str, Any], files: families.FamilyFiles,
         answers[base]["token_ids"], answers[base]["logprobs"])
 
 
-def check_ovms_export(world: dict[str, Any], files: families.FamilyFiles, kind: str,
+def check_ovms_export(world: World, files: families.FamilyFiles, kind: str,
                       capsys: pytest.CaptureFixture) -> None:
     """`export VARIANT --target ovms` of the GGUF variant: merged, built, laid out."""
-    catalog: Catalog = world["catalog"]
+    catalog: Catalog = world.catalog
     base, adapter, var = add_gguf_variant(catalog, files, kind)
-    folder = world["out"] / var
+    folder = world.out / var
     code, out, err = run_cli(capsys, "export", var, "--target", "ovms", "--out", str(folder),
                              "--eval-rows", "1", "--task-rows", "0", "--json")
     assert code == 0, err[-3000:]

@@ -26,21 +26,15 @@ catches a stale doc, about 6 s: it reads the 48 fixture headers).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 
 from engine.catalog import resolve
 from engine.catalog.store import Catalog
-from engine.curated import setup
 from engine.formats import capabilities as cap
 from engine.formats import lora_io
 from engine.runtime import messages
-from engine.serve.config import ServeConfig
-from engine.serve.server import ServerThread
 from tests import families
 from tests.engine_helpers import sampling
 from tests.matrix_helpers import (
@@ -54,6 +48,7 @@ from tests.matrix_helpers import (
     name,
     run_cli,
 )
+from tests.world import Recipe, World
 
 QUESTION = "Tell me about lighthouses."
 PROMPT = messages.Prompt(messages=(messages.Message("user", QUESTION),), chat=True)
@@ -61,20 +56,7 @@ TOKENS = 8
 TIMEOUT = 300  # a hang bound only
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[dict[str, Any]]:
-    """One catalog and one local server; its engine process answers the engine requests."""
-    catalog = Catalog()
-    setup.first_run(catalog, with_demo=True)
-    server = ServerThread(ServeConfig(port=0, max_sessions=4), Catalog()).start()
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                           timeout=TIMEOUT)
-    try:
-        yield {"catalog": catalog, "server": server, "openai": client,
-               "out": tmp_path_factory.mktemp("converted")}
-    finally:
-        server.stop()
+WORLD = Recipe(demo=True)
 
 
 def same_layers(first: lora_io.LoraWeights, second: lora_io.LoraWeights) -> bool:
@@ -85,19 +67,19 @@ def same_layers(first: lora_io.LoraWeights, second: lora_io.LoraWeights) -> bool
         for m in first.layers for i in (0, 1))
 
 
-def call(world: dict[str, Any], request: messages.Request) -> dict[str, Any]:
-    return world["server"].client.call(request, timeout=TIMEOUT)
+def call(world: World, request: messages.Request) -> dict[str, Any]:
+    return world.server.client.call(request, timeout=TIMEOUT)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("variant", "kind"), CASES, ids=IDS)
 def test_a_base_its_adapters_a_variant_and_the_server(
-        variant: str, kind: str, world: dict[str, Any],
+        variant: str, kind: str, world: World,
         family_files: dict[str, families.FamilyFiles],
         capsys: pytest.CaptureFixture) -> None:
     files = family_files[variant]
     cells = expected(files, kind)
-    catalog: Catalog = world["catalog"]
+    catalog: Catalog = world.catalog
     base, adapter, var = (name(p, variant, kind) for p in ("b", "a", "v"))
     source = files.base(kind)
 
@@ -119,7 +101,7 @@ def test_a_base_its_adapters_a_variant_and_the_server(
     assert code == 0, err
 
     # ---- convert GGUF <-> PEFT against this base
-    out = world["out"] / f"{variant}-{kind}"
+    out = world.out / f"{variant}-{kind}"
     out.mkdir()
     to_peft, to_gguf = out / "peft", out / "from-peft.gguf"
     convert = cells[cap.CONVERT]
@@ -176,9 +158,9 @@ def test_a_base_its_adapters_a_variant_and_the_server(
     assert scores[var]["rows"][0]["logprobs"] != scores[base]["rows"][0]["logprobs"]
 
     # ---- the local server answers for the variant by name, with the engine's answer
-    listed = {m.id: m.model_dump() for m in world["openai"].models.list().data}
+    listed = {m.id: m.model_dump() for m in world.openai.models.list().data}
     assert listed[var]["base"] == base and listed[var]["identity"] == answers[var]["identity"]
-    served = world["openai"].chat.completions.create(
+    served = world.openai.chat.completions.create(
         model=var, messages=[{"role": "user", "content": QUESTION}], temperature=0,
         max_tokens=TOKENS, extra_body={"repeat_penalty": greedy.repeat_penalty})
     assert served.model == var

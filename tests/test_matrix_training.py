@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +37,14 @@ import pytest
 
 from engine.catalog import imports, resolve
 from engine.catalog.store import AdapterSpec, Catalog
-from engine.curated import setup
 from engine.formats import capabilities as cap
 from engine.formats import lora_io
 from engine.runtime import messages
-from engine.runtime.client import EngineClient
 from engine.training.client import TrainingJob
 from tests import families
 from tests.engine_helpers import sampling
 from tests.matrix_helpers import CASES, IDS, assert_refused, expected, name, run_cli
+from tests.world import Recipe, World
 
 SETTINGS = {"steps": 2, "batch": 1, "seq_len": 32, "rank": 4, "threads": 1}
 FLAGS = ["--steps", "2", "--batch", "1", "--seq-len", "32", "--rank", "4", "--threads", "1"]
@@ -56,20 +54,15 @@ PROMPT = messages.Prompt("The old lighthouse keeper climbed the spiral stairs", 
 TIMEOUT = 300  # a hang bound only
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[dict[str, Any]]:
-    catalog = Catalog()
-    setup.first_run(catalog, with_demo=True)
-    data = tmp_path_factory.mktemp("data") / "sums.jsonl"
+def _data(world: World) -> None:
+    data = world.out / "sums.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Q: what is {i} plus {i}?\nA:",
                                         "completion": f" {2 * i}"}) + "\n"
                             for i in range(4)))
-    client = EngineClient()
-    try:
-        yield {"catalog": catalog, "data": data, "engine": client}
-    finally:
-        client.close()
+    world.extra["data"] = data
+
+
+WORLD = Recipe(demo=True, furnish=_data)
 
 
 def train_in_process(base: str, adapter: str, data: Path, numerics: str) -> dict[str, Any]:
@@ -93,15 +86,15 @@ def train_command(capsys: pytest.CaptureFixture, base: str, adapter: str, data: 
 @pytest.mark.slow
 @pytest.mark.parametrize(("variant", "kind"), CASES, ids=IDS)
 def test_training_works_or_is_refused_up_front(
-        variant: str, kind: str, world: dict[str, Any],
+        variant: str, kind: str, world: World,
         family_files: dict[str, families.FamilyFiles],
         capsys: pytest.CaptureFixture) -> None:
     files = family_files[variant]
     cells = expected(files, kind)
-    catalog: Catalog = world["catalog"]
+    catalog: Catalog = world.catalog
     base, adapter = name("b", variant, kind), name("t", variant, kind)
     imports.add_model(catalog, base, files.base(kind))
-    data: Path = world["data"]
+    data: Path = world.extra["data"]
     train, served = cells[cap.TRAIN], cells[cap.TRAIN_SERVED]
     command = ["train", adapter, "--base", base, "--data", str(data), *FLAGS]
 
@@ -152,7 +145,7 @@ def test_training_works_or_is_refused_up_front(
     variant_name = name("tv", variant, kind)
     catalog.add_variant(variant_name, base, [AdapterSpec(adapter, 1.0)])
     greedy = sampling(max_tokens=4)
-    answers = {n: world["engine"].call(messages.Generate(resolve.resolve(catalog, n), PROMPT,
+    answers = {n: world.engine.call(messages.Generate(resolve.resolve(catalog, n), PROMPT,
                                                          greedy), timeout=TIMEOUT)
                for n in (base, variant_name)}
     assert answers[variant_name]["token_ids"] and answers[base]["token_ids"]

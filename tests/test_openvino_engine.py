@@ -8,7 +8,6 @@ test_engine_backends.py; here is what is OpenVINO's own.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from engine.runtime import messages
 from engine.runtime.client import EngineClient
 from tests import factories as f
 from tests.engine_helpers import PROMPT, request
-from tests.openvino_helpers import openvino_variants, register_default
+from tests.world import Recipe, World
 
 pytestmark = pytest.mark.slow  # the OpenVINO default built and compiled
 OV = openvino_default.NAME
@@ -56,25 +55,21 @@ def partial_adapter(folder: Path, base_info) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory, base_info
-          ) -> Iterator[tuple[Catalog, EngineClient]]:
-    tmp = tmp_path_factory.mktemp("ov-engine")
-    catalog = Catalog()
-    register_default(catalog, tmp_path_factory)
-    openvino_variants(catalog, tmp, base_info)
+def _more_adapters(world: World) -> None:
+    catalog, tmp = world.catalog, world.out
     imports.add_adapter(catalog, "o", OV, f.write_peft_lora(
-        tmp / "o", base_info, seed=3, strength=0.1, roles=("attn_output",)))
-    imports.add_adapter(catalog, "partial", OV, partial_adapter(tmp / "partial", base_info))
+        tmp / "o", world.base_info, seed=3, strength=0.1, roles=("attn_output",)))
+    imports.add_adapter(catalog, "partial", OV,
+                        partial_adapter(tmp / "partial", world.base_info))
     catalog.add_variant("vo", OV, [AdapterSpec("o", 1.0)])
     catalog.add_variant("vpartial", OV, [AdapterSpec("partial", 1.0)])
-    client = EngineClient()
-    yield catalog, client
-    client.close()
+
+
+WORLD = Recipe(openvino=True, adapters=True, furnish=_more_adapters)
 
 
 def test_every_tensor_attaches_and_openvino_genai_agrees_with_no_warning(world) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     show = catalog.adapter("a")["checks"]
     assert {"name": "coverage", "status": "pass",
             "detail": "120 of 120 tensors attach to 60 OpenVINO layers"} in show
@@ -92,7 +87,7 @@ def test_every_tensor_attaches_and_openvino_genai_agrees_with_no_warning(world) 
 
 
 def test_openvino_warnings_about_unused_tensors_are_captured_not_lost(world) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     coverage = next(c for c in catalog.adapter("partial")["checks"] if c["name"] == "coverage")
     assert coverage["status"] == "warn"
     assert coverage["detail"].startswith("partial coverage: 120 of 124 tensors attach")
@@ -106,7 +101,7 @@ def test_openvino_warnings_about_unused_tensors_are_captured_not_lost(world) -> 
 
 
 def test_compiled_model_is_rebuilt_only_when_new_layers_need_lora(world) -> None:
-    catalog, _ = world
+    catalog = world.catalog
     client = EngineClient()
     try:
         def resident() -> dict:
@@ -145,7 +140,7 @@ def test_compiled_model_is_rebuilt_only_when_new_layers_need_lora(world) -> None
 
 
 def test_status_and_changed_adapters_on_openvino(world) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     client.call(messages.CloseAll(), timeout=60)
     generate(client, catalog, "vab", max_tokens=2)
     info = client.call(messages.Describe(), timeout=60)

@@ -10,7 +10,6 @@ bit); and the fast profile stays close to llama.cpp on the same Q4_1 source.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +17,13 @@ import pytest
 
 from engine.catalog import resolve
 from engine.catalog.identity import OPENVINO_PROFILES, ComputeProfile, ContextConfig, Identity
-from engine.catalog.store import Catalog
 from engine.curated import openvino_default
 from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.errors import RefusedError, UsageError
 from engine.runtime import messages
-from engine.runtime.client import EngineClient
 from engine.runtime.openvino import compress
 from tests.engine_helpers import PROMPT, sampling
-from tests.openvino_helpers import openvino_variants, register_default
+from tests.world import Recipe, World
 
 OV = openvino_default.NAME
 TIMEOUT = 900  # a hang bound only
@@ -93,19 +90,11 @@ def test_profiles_are_part_of_the_identity_and_absent_keys_are_unchanged() -> No
     assert ident(fast).base_only().compute == fast
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory, base_info
-          ) -> Iterator[tuple[Catalog, EngineClient]]:
-    catalog = Catalog()
-    register_default(catalog, tmp_path_factory)
-    openvino_variants(catalog, tmp_path_factory.mktemp("ov-profiles"), base_info)
-    client = EngineClient()
-    yield catalog, client
-    client.close()
+WORLD = Recipe(openvino=True, adapters=True)
 
 
-def generate(world: tuple[Catalog, EngineClient], name: str, profile: str) -> dict[str, Any]:
-    catalog, client = world
+def generate(world: World, name: str, profile: str) -> dict[str, Any]:
+    catalog, client = world.catalog, world.engine
     spec = resolve.resolve(catalog, name, ov_profile=profile)
     return client.call(messages.Generate(spec, PROMPT, sampling(max_tokens=16)),
                        timeout=TIMEOUT)
@@ -113,7 +102,7 @@ def generate(world: tuple[Catalog, EngineClient], name: str, profile: str) -> di
 
 @pytest.mark.slow
 def test_the_built_default_has_three_profiles_with_their_own_keys_and_weights(world) -> None:
-    catalog, _ = world
+    catalog = world.catalog
     record = catalog.model(OV)
     assert set(record["profiles"]) == set(PROFILES)
     assert record["profiles"]["exact"]["sha256"] == record["sha256"]
@@ -149,22 +138,22 @@ def test_dynamic_lora_applies_on_the_compressed_weights(world, profile: str) -> 
     assert va0["token_ids"] == base["token_ids"], "scale 0 must equal the base"
     assert va0["logprobs"] == base["logprobs"]
     assert len({r["identity"] for r in (base, va, va0)}) == 3
-    _, client = world
+    client = world.engine
     residents = client.call(messages.Describe(), timeout=60)["residents"]
-    label = resolve.compute_profile(world[0].model(OV), profile).label()
+    label = resolve.compute_profile(world.catalog.model(OV), profile).label()
     found = [r for r in residents if r.get("profile") == label]
     assert found, residents
     # What OpenVINO compiled is what the identity names (read back from the model).
-    wanted = {"f32": "float32", "bf16": "bfloat16"}[world[0].model(OV)["profiles"][profile][
+    wanted = {"f32": "float32", "bf16": "bfloat16"}[world.catalog.model(OV)["profiles"][profile][
         "precision"]]
     assert wanted in found[0]["compiled"]["INFERENCE_PRECISION_HINT"], found[0]["compiled"]
     assert found[0]["compiled"]["DYNAMIC_QUANTIZATION_GROUP_SIZE"] == str(
-        resolve.compute_profile(world[0].model(OV), profile).dynamic_quantization)
+        resolve.compute_profile(world.catalog.model(OV), profile).dynamic_quantization)
 
 
 @pytest.mark.slow
 def test_the_fast_profile_stays_close_to_llama_cpp_on_the_same_q4_1_source(world) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     prompts = tuple(messages.Prompt(text, chat=True) for text in (
         "Write a short poem about the sea.", "What is the capital of France?"))
     result = client.call(messages.CrossCheck(
@@ -215,7 +204,7 @@ def test_the_precision_is_probed_once_in_a_child_and_registered_in_the_profiles(
 
     from engine.runtime.openvino import build, probe
 
-    catalog, _ = world
+    catalog = world.catalog
     folder = Path(resolve.resolve(catalog, OV, ov_profile="fast").base_path)
     record = catalog.model(OV)
     built = build.cached_build(record["built_from"]["sha256"])
@@ -265,7 +254,7 @@ def test_the_one_token_graph_gives_the_dynamic_graphs_logits_bit_for_bit(world, 
     from engine.formats.artifacts import inspect_path
     from engine.runtime.openvino.backend import load_base
 
-    catalog, _ = world
+    catalog = world.catalog
     model = None
     sets = []
     for name in ("va", "vb"):

@@ -4,8 +4,6 @@ identities never share anything, however their prompts match."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +12,8 @@ from engine.catalog.store import Catalog
 from engine.formats.templates import Message
 from engine.runtime import messages
 from engine.runtime.client import EngineClient
-from tests.engine_helpers import BASE, TIMEOUT, populate, request
+from tests.engine_helpers import BASE, TIMEOUT, request
+from tests.world import Recipe, World
 
 pytestmark = pytest.mark.slow  # the real model through the engine process
 
@@ -24,16 +23,7 @@ TURNS = ["Here are my notes on the coast. " * 12 + "Tell me about the sea.",
          "And about rivers?", "Which is colder?", "Summarise all of that in one line."]
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory,
-          base_info: Any) -> Iterator[tuple[Catalog, EngineClient]]:
-    catalog = Catalog()
-    populate(catalog, tmp_path_factory.mktemp("adapters"), base_info)
-    client = EngineClient()
-    try:
-        yield catalog, client
-    finally:
-        client.close()
+WORLD = Recipe(adapters=True)
 
 
 def conversation(client: EngineClient, catalog: Catalog, name: str) -> list[dict[str, Any]]:
@@ -60,9 +50,9 @@ def cold(client: EngineClient, catalog: Catalog, name: str, result: dict[str, An
 
 
 @pytest.mark.parametrize("name", [BASE, "va"])
-def test_a_warm_turn_equals_a_cold_one_bit_for_bit(world: tuple[Catalog, EngineClient],
+def test_a_warm_turn_equals_a_cold_one_bit_for_bit(world: World,
                                                    name: str) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     client.call(messages.CloseAll(), timeout=TIMEOUT)
     warm = conversation(client, catalog, name)
     # Turns after the first reuse their identity's cached prompt, in whole chunks.
@@ -78,8 +68,8 @@ def test_a_warm_turn_equals_a_cold_one_bit_for_bit(world: tuple[Catalog, EngineC
         history.append(Message("assistant", result["text"]))
 
 
-def test_identities_never_share_warm_state(world: tuple[Catalog, EngineClient]) -> None:
-    catalog, client = world
+def test_identities_never_share_warm_state(world: World) -> None:
+    catalog, client = world.catalog, world.engine
     client.call(messages.CloseAll(), timeout=TIMEOUT)
     prompt = messages.Prompt("The same long prompt for everyone. " * 40, chat=True)
     first = client.call(request(catalog, "va", prompt), timeout=TIMEOUT)
@@ -94,9 +84,9 @@ def test_identities_never_share_warm_state(world: tuple[Catalog, EngineClient]) 
     assert len({s["identity"] for s in sessions}) == len(sessions)
 
 
-def test_the_adapter_effect_is_the_same_warm_and_cold(world: tuple[Catalog, EngineClient]
+def test_the_adapter_effect_is_the_same_warm_and_cold(world: World
                                                       ) -> None:
-    catalog, client = world
+    catalog, client = world.catalog, world.engine
     client.call(messages.CloseAll(), timeout=TIMEOUT)
     compare = request(catalog, "va", kind=messages.Compare)
     first = client.call(compare, timeout=TIMEOUT)

@@ -8,37 +8,24 @@ import concurrent.futures
 import http.client
 import json
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from engine.catalog.store import Catalog
 from engine.errors import UsageError
 from engine.runtime import messages
 from engine.serve.config import ServeConfig
 from engine.serve.server import ServerThread
-from tests.engine_helpers import BASE, generate, populate
+from tests.engine_helpers import BASE, generate
+from tests.world import Recipe, World
 
 pytestmark = pytest.mark.slow  # a real engine behind a real server
 QUESTION = "Write a short poem about the sea."
 GREEDY = {"temperature": 0, "max_tokens": 24, "extra_body": {"repeat_penalty": 1.0}}
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path, tmp_path_factory: pytest.TempPathFactory,
-          base_info: Any) -> Iterator[dict[str, Any]]:
-    catalog = Catalog()
-    populate(catalog, tmp_path_factory.mktemp("adapters"), base_info)
-    server = ServerThread(ServeConfig(port=0, max_sessions=4), catalog).start()
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                           timeout=300)
-    try:
-        yield {"catalog": catalog, "server": server, "client": client}
-    finally:
-        server.stop()
+WORLD = Recipe(adapters=True)
 
 
 def raw(server: ServerThread, method: str, path: str, body: Any = None,
@@ -59,31 +46,31 @@ def raw(server: ServerThread, method: str, path: str, body: Any = None,
     return response.status, {k.lower(): v for k, v in response.getheaders()}, decoded
 
 
-def chat(world: dict[str, Any], model: str, **kw: Any) -> Any:
-    return world["client"].chat.completions.create(
+def chat(world: World, model: str, **kw: Any) -> Any:
+    return world.openai.chat.completions.create(
         model=model, messages=[{"role": "user", "content": QUESTION}], **{**GREEDY, **kw})
 
 
-def test_models_lists_every_base_and_variant_with_its_identity(world: dict[str, Any]) -> None:
-    listing = world["client"].models.list()
+def test_models_lists_every_base_and_variant_with_its_identity(world: World) -> None:
+    listing = world.openai.models.list()
     by_id = {m.id: m for m in listing.data}
     assert {BASE, "va", "vb", "va0", "vab"} <= set(by_id)
     va = by_id["va"].model_dump()
     from engine.catalog import resolve
 
-    spec = resolve.resolve(world["catalog"], "va")
+    spec = resolve.resolve(world.catalog, "va")
     assert va["kind"] == "variant" and va["base"] == BASE and va["backend"] == "llama"
     assert va["identity"] == spec.identity.key
     assert va["adapters"] == [{"name": "a", "sha256": spec.adapters[0].sha256, "scale": 1.0}]
     assert by_id[BASE].model_dump()["adapters"] == []
-    status, _, one = raw(world["server"], "GET", "/v1/models/va")
+    status, _, one = raw(world.server, "GET", "/v1/models/va")
     assert status == 200 and one["identity"] == spec.identity.key
 
 
-def test_answers_equal_what_generate_gives(world: dict[str, Any]) -> None:
-    engine = world["server"].client
+def test_answers_equal_what_generate_gives(world: World) -> None:
+    engine = world.server.client
     for name in (BASE, "va"):
-        ours = generate(engine, world["catalog"], name,
+        ours = generate(engine, world.catalog, name,
                         prompt=messages.Prompt(messages=(messages.Message("user", QUESTION),),
                                                chat=True))
         served = chat(world, name)
@@ -94,7 +81,7 @@ def test_answers_equal_what_generate_gives(world: dict[str, Any]) -> None:
         world, BASE).choices[0].message.content
 
 
-def test_streaming_agrees_with_non_streaming_and_reports_usage(world: dict[str, Any]) -> None:
+def test_streaming_agrees_with_non_streaming_and_reports_usage(world: World) -> None:
     whole = chat(world, "vb")
     chunks = list(chat(world, "vb", stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -110,8 +97,8 @@ def test_streaming_agrees_with_non_streaming_and_reports_usage(world: dict[str, 
     assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
 
 
-def test_completions_and_logprobs(world: dict[str, Any]) -> None:
-    client = world["client"]
+def test_completions_and_logprobs(world: World) -> None:
+    client = world.openai
     done = client.completions.create(model="va", prompt="The capital of France is",
                                      temperature=0, max_tokens=8, logprobs=2)
     choice = done.choices[0]
@@ -126,7 +113,7 @@ def test_completions_and_logprobs(world: dict[str, Any]) -> None:
     assert all(t.logprob == pytest.approx(t.top_logprobs[0].logprob) for t in content)
 
 
-def test_concurrent_requests_each_get_exactly_their_solo_output(world: dict[str, Any]) -> None:
+def test_concurrent_requests_each_get_exactly_their_solo_output(world: World) -> None:
     names = [BASE, "va", "vb", BASE, "va", "vb"]
     solo = {name: chat(world, name).choices[0].message.content for name in set(names)}
 
@@ -142,22 +129,22 @@ def test_concurrent_requests_each_get_exactly_their_solo_output(world: dict[str,
     assert answers == [solo[n] for n in names]
 
 
-def test_identity_header_and_fingerprint(world: dict[str, Any]) -> None:
+def test_identity_header_and_fingerprint(world: World) -> None:
     from engine.catalog import resolve
 
-    response = world["client"].chat.completions.with_raw_response.create(
+    response = world.openai.chat.completions.with_raw_response.create(
         model="vab", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
-    key = resolve.resolve(world["catalog"], "vab").identity.key
+    key = resolve.resolve(world.catalog, "vab").identity.key
     assert response.headers["x-variant-identity"] == key
     assert key[:12] in response.parse().system_fingerprint
 
 
-def test_an_unknown_model_is_a_404_naming_it_never_another_model(world: dict[str, Any]
+def test_an_unknown_model_is_a_404_naming_it_never_another_model(world: World
                                                                   ) -> None:
     with pytest.raises(openai.NotFoundError) as raised:
         chat(world, "no-such-variant")
     assert "no-such-variant" in str(raised.value)
-    status, _, body = raw(world["server"], "GET", "/v1/models/no-such-variant")
+    status, _, body = raw(world.server, "GET", "/v1/models/no-such-variant")
     assert status == 404 and body["error"]["code"] == "model_not_found"
 
 
@@ -179,9 +166,9 @@ def test_an_unknown_model_is_a_404_naming_it_never_another_model(world: dict[str
     ({"model": "va", "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6},
      "max_tokens"),
 ])
-def test_malformed_requests_are_400_naming_the_field(world: dict[str, Any], body: Any,
+def test_malformed_requests_are_400_naming_the_field(world: World, body: Any,
                                                      param: str | None) -> None:
-    status, _, answer = raw(world["server"], "POST", "/v1/chat/completions", body)
+    status, _, answer = raw(world.server, "POST", "/v1/chat/completions", body)
     assert status == 400, answer
     error = answer["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -191,8 +178,8 @@ def test_malformed_requests_are_400_naming_the_field(world: dict[str, Any], body
         assert param.split(".")[0] in error["message"]
 
 
-def test_size_bounds_are_413(world: dict[str, Any]) -> None:
-    server = world["server"]
+def test_size_bounds_are_413(world: World) -> None:
+    server = world.server
     status, _, body = raw(server, "POST", "/v1/chat/completions",
                           b"{" + b" " * (server.config.max_body_bytes + 10) + b"}")
     assert status == 413 and body["error"]["code"] == "request_too_large"
@@ -202,29 +189,29 @@ def test_size_bounds_are_413(world: dict[str, Any]) -> None:
     assert status == 413 and body["error"]["code"] == "context_length_exceeded"
 
 
-def test_embeddings_are_refused_clearly(world: dict[str, Any]) -> None:
+def test_embeddings_are_refused_clearly(world: World) -> None:
     with pytest.raises(openai.BadRequestError) as raised:
-        world["client"].embeddings.create(model="va", input="x")
+        world.openai.embeddings.create(model="va", input="x")
     assert "not supported" in str(raised.value)
 
 
-def test_a_foreign_host_header_is_refused(world: dict[str, Any]) -> None:
-    status, _, body = raw(world["server"], "GET", "/v1/models",
+def test_a_foreign_host_header_is_refused(world: World) -> None:
+    status, _, body = raw(world.server, "GET", "/v1/models",
                           headers={"Host": "attacker.example:8765"})
     assert status == 403 and body["error"]["code"] == "forbidden_host"
-    status, _, _ = raw(world["server"], "GET", "/v1/models",
-                       headers={"Host": f"localhost:{world['server'].port}"})
+    status, _, _ = raw(world.server, "GET", "/v1/models",
+                       headers={"Host": f"localhost:{world.server.port}"})
     assert status == 200
 
 
-def test_no_cors_headers_unless_an_origin_is_given(world: dict[str, Any]) -> None:
-    _, headers, _ = raw(world["server"], "GET", "/v1/models",
+def test_no_cors_headers_unless_an_origin_is_given(world: World) -> None:
+    _, headers, _ = raw(world.server, "GET", "/v1/models",
                         headers={"Origin": "http://evil.example"})
     assert not any(h.startswith("access-control-") for h in headers)
 
 
-def test_a_disconnect_cancels_the_generation(world: dict[str, Any]) -> None:
-    server = world["server"]
+def test_a_disconnect_cancels_the_generation(world: World) -> None:
+    server = world.server
     sock = socket.create_connection(("127.0.0.1", server.port))
     body = json.dumps({"model": "va", "stream": True, "max_tokens": 2000, "temperature": 0,
                        "messages": [{"role": "user", "content": "Count to ten thousand."}]})
@@ -245,9 +232,9 @@ def test_a_disconnect_cancels_the_generation(world: dict[str, Any]) -> None:
     assert info["server"]["in_flight"] == 0
 
 
-def test_status_reports_sessions_and_their_memory(world: dict[str, Any]) -> None:
+def test_status_reports_sessions_and_their_memory(world: World) -> None:
     chat(world, "va", max_tokens=2)
-    status, _, info = raw(world["server"], "GET", "/v1/variant-studio/status")
+    status, _, info = raw(world.server, "GET", "/v1/variant-studio/status")
     assert status == 200 and info["server"]["max_sessions"] == 4
     sessions = info["engine"]["sessions"]
     assert sessions and all(s["kv_bytes"] > 0 for s in sessions)
@@ -255,9 +242,9 @@ def test_status_reports_sessions_and_their_memory(world: dict[str, Any]) -> None
 
 
 def test_a_key_is_required_when_set_and_the_queue_is_bounded(
-        world: dict[str, Any]) -> None:
+        world: World) -> None:
     server = ServerThread(ServeConfig(port=0, api_key="s3cret-key", queue_limit=1),
-                          world["catalog"]).start()
+                          world.catalog).start()
     try:
         status, _, body = raw(server, "GET", "/v1/models")
         assert status == 401 and body["error"]["code"] == "invalid_api_key"
@@ -286,8 +273,8 @@ def test_a_key_is_required_when_set_and_the_queue_is_bounded(
         server.stop()
 
 
-def test_engine_restart_is_a_503_then_it_serves_again(world: dict[str, Any]) -> None:
-    server = ServerThread(ServeConfig(port=0), world["catalog"]).start()
+def test_engine_restart_is_a_503_then_it_serves_again(world: World) -> None:
+    server = ServerThread(ServeConfig(port=0), world.catalog).start()
     try:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0,
                                timeout=300)
@@ -308,11 +295,11 @@ def test_engine_restart_is_a_503_then_it_serves_again(world: dict[str, Any]) -> 
 
 
 def test_binding_beyond_loopback_needs_a_key_and_the_server_stops_cleanly(
-        world: dict[str, Any]) -> None:
+        world: World) -> None:
     with pytest.raises(UsageError, match="without --api-key"):
         ServeConfig(host="0.0.0.0")
     ServeConfig(host="0.0.0.0", api_key="long-enough-key")  # allowed with a key
-    server = ServerThread(ServeConfig(port=0), world["catalog"]).start()
+    server = ServerThread(ServeConfig(port=0), world.catalog).start()
     port = server.port
     server.stop()
     with pytest.raises(OSError):

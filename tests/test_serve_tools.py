@@ -9,20 +9,15 @@ Greedy, so every answer is reproducible."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
 
-from engine.catalog.store import Catalog
-from engine.curated import setup
 from engine.runtime import replay
-from engine.serve.config import ServeConfig
-from engine.serve.server import ServerThread
 from tests.engine_helpers import BASE
+from tests.world import Recipe, World
 
 pytestmark = pytest.mark.slow  # a real engine behind a real server
 GREEDY = {"temperature": 0, "seed": 7, "extra_body": {"repeat_penalty": 1.0}}
@@ -43,22 +38,12 @@ SCHEMAS = {"get_weather": WEATHER_SCHEMA, "add": ADD_SCHEMA}
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
-@pytest.fixture(scope="module")
-def world(module_home: Path) -> Iterator[dict[str, Any]]:
-    catalog = Catalog()
-    setup.first_run(catalog)
-    server = ServerThread(ServeConfig(port=0, max_sessions=2), catalog).start()
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                           timeout=300)
-    try:
-        yield {"catalog": catalog, "server": server, "client": client}
-    finally:
-        server.stop()
+WORLD = Recipe(max_sessions=2)
 
 
-def ask(world: dict[str, Any], model: str = BASE, **kw: Any) -> Any:
+def ask(world: World, model: str = BASE, **kw: Any) -> Any:
     args = {"model": model, "messages": WEATHER_QUESTION, "max_tokens": 60, **GREEDY, **kw}
-    return world["client"].chat.completions.create(**args)
+    return world.openai.chat.completions.create(**args)
 
 
 def valid_calls(calls: list[Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -72,7 +57,7 @@ def valid_calls(calls: list[Any]) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def streamed(world: dict[str, Any], **kw: Any) -> tuple[list[dict[str, str]], str, str]:
+def streamed(world: World, **kw: Any) -> tuple[list[dict[str, str]], str, str]:
     """A streamed answer's tool calls (by index: id, name and the arguments' pieces
     joined), content and finish reason, as an agent framework accumulates them."""
     calls: dict[int, dict[str, str]] = {}
@@ -89,7 +74,7 @@ def streamed(world: dict[str, Any], **kw: Any) -> tuple[list[dict[str, str]], st
     return [calls[i] for i in sorted(calls)], content, finish
 
 
-def test_required_is_enforced_on_the_plain_base_and_streams_the_same(world: dict[str, Any]
+def test_required_is_enforced_on_the_plain_base_and_streams_the_same(world: World
                                                                     ) -> None:
     whole = ask(world, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     choice = whole.choices[0]
@@ -107,14 +92,14 @@ def test_required_is_enforced_on_the_plain_base_and_streams_the_same(world: dict
     assert again.choices[0].message.tool_calls == choice.message.tool_calls
 
 
-def test_a_named_function_is_enforced_even_against_the_question(world: dict[str, Any]) -> None:
+def test_a_named_function_is_enforced_even_against_the_question(world: World) -> None:
     answer = ask(world, tools=TOOLS,
                  tool_choice={"type": "function", "function": {"name": "add"}})
     calls = valid_calls(answer.choices[0].message.tool_calls)
     assert calls and {name for name, _ in calls} == {"add"}
 
 
-def test_parallel_calls_several_or_at_most_one(world: dict[str, Any]) -> None:
+def test_parallel_calls_several_or_at_most_one(world: World) -> None:
     question = [{"role": "system", "content": "Call a tool once for each part of a question."},
                 {"role": "user", "content": "Add 2 and 3, then add 4 and 5."}]
     several = ask(world, messages=question, tools=TOOLS, tool_choice="required",
@@ -126,7 +111,7 @@ def test_parallel_calls_several_or_at_most_one(world: dict[str, Any]) -> None:
     assert one.finish_reason == "tool_calls"
 
 
-def test_auto_and_none(world: dict[str, Any]) -> None:
+def test_auto_and_none(world: World) -> None:
     hello = [{"role": "user", "content": "Say hello to me."}]
     auto = ask(world, messages=hello, tools=TOOLS, max_tokens=30).choices[0]
     if auto.message.tool_calls:  # the lazy constraint held the call to its schema
@@ -138,7 +123,7 @@ def test_auto_and_none(world: dict[str, Any]) -> None:
     assert none.message.tool_calls is None and none.message.content
 
 
-def test_a_tool_result_round_trip(world: dict[str, Any]) -> None:
+def test_a_tool_result_round_trip(world: World) -> None:
     first = ask(world, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     call = first.choices[0].message.tool_calls[0]
     history = [*WEATHER_QUESTION, first.choices[0].message.model_dump(exclude_none=True),
@@ -156,7 +141,7 @@ def test_a_tool_result_round_trip(world: dict[str, Any]) -> None:
     assert second.usage.prompt_tokens > without.usage.prompt_tokens + 20
 
 
-def test_json_schema_and_json_object_answers_validate(world: dict[str, Any]) -> None:
+def test_json_schema_and_json_object_answers_validate(world: World) -> None:
     schema = {"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 30},
         "age": {"type": "integer", "minimum": 0, "maximum": 150},
@@ -171,7 +156,7 @@ def test_json_schema_and_json_object_answers_validate(world: dict[str, Any]) -> 
     plain = ask(world, messages=[{"role": "user", "content": "List three fruits."}],
                 max_tokens=80, response_format={"type": "json_object"}).choices[0]
     assert isinstance(json.loads(plain.message.content), dict)
-    done = world["client"].completions.create(
+    done = world.openai.completions.create(
         model=BASE, prompt="A city and its country as JSON:", max_tokens=60, temperature=0,
         extra_body={"response_format": {"type": "json_schema", "json_schema": {
             "name": "city", "schema": {"type": "object", "properties": {
@@ -189,18 +174,18 @@ def test_json_schema_and_json_object_answers_validate(world: dict[str, Any]) -> 
             "x": {"$ref": "#/definitions/missing"}}}}}]}, "tools.1.function.parameters"),
 ])
 def test_a_schema_that_cannot_be_compiled_is_a_400_naming_it(
-        world: dict[str, Any], extra: dict[str, Any], param: str) -> None:
+        world: World, extra: dict[str, Any], param: str) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         ask(world, **extra)
     error = caught.value.body
     assert error["param"] == param and error["code"] == "invalid_schema"
     assert "cannot be compiled" in error["message"]
     # The Server panel's request log lists it, with the reason.
-    last = world["server"].state.log[-1]
+    last = world.server.state.log[-1]
     assert (last.status, last.model) == (400, BASE) and "cannot be compiled" in last.reason
 
 
-def test_bad_tool_requests_are_400s(world: dict[str, Any]) -> None:
+def test_bad_tool_requests_are_400s(world: World) -> None:
     for extra, param in (
             ({"tool_choice": "required"}, "tool_choice"),
             ({"tools": TOOLS, "tool_choice": {"type": "function",
@@ -212,23 +197,23 @@ def test_bad_tool_requests_are_400s(world: dict[str, Any]) -> None:
         assert caught.value.body["param"] == param
 
 
-def test_a_constrained_answer_replays_bit_for_bit(world: dict[str, Any]) -> None:
+def test_a_constrained_answer_replays_bit_for_bit(world: World) -> None:
     answer = ask(world, tools=TOOLS, tool_choice={"type": "function",
                                                   "function": {"name": "add"}})
     record = answer.model_dump()["variant_studio"]["replay"]
     assert record["constraint"] == {"tool_choice": "add", "parallel_tool_calls": True,
                                     "response_format": "text"}
     assert [t["name"] for t in record["prompt"]["tools"]] == ["get_weather", "add"]
-    plan = replay.plan(world["catalog"], replay.ReplayRecord.from_dict(record))
+    plan = replay.plan(world.catalog, replay.ReplayRecord.from_dict(record))
     assert plan.request is not None and plan.request.constraint is not None
-    result = world["server"].client.call(plan.request, 300)
+    result = world.server.client.call(plan.request, 300)
     assert replay.verdict(plan, result)["verdict"] == "identical"
     assert [(c.id, c.name, c.arguments) for c in result.tool_calls] == [
         (c.id, c.function.name, c.function.arguments)
         for c in answer.choices[0].message.tool_calls]
 
 
-def test_openvino_is_constrained_the_same_way(world: dict[str, Any],
+def test_openvino_is_constrained_the_same_way(world: World,
                                               tmp_path_factory: pytest.TempPathFactory
                                               ) -> None:
     """The OpenVINO default (built once per test session) through the same server: its
@@ -237,7 +222,7 @@ def test_openvino_is_constrained_the_same_way(world: dict[str, Any],
     from engine.curated import openvino_default
     from tests.openvino_helpers import register_default
 
-    register_default(world["catalog"], tmp_path_factory)
+    register_default(world.catalog, tmp_path_factory)
     name = openvino_default.NAME
     schema = {"type": "object", "properties": {
         "title": {"type": "string", "maxLength": 40},
