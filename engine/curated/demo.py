@@ -28,6 +28,24 @@ SYSTEM_PROMPT = (
     "Reply with one JSON tool call, {\"tool\": NAME, \"args\": {...}}. Tools: "
     "get_weather(city, day), set_timer(minutes), send_email(to, subject), "
     "play_music(artist), convert_currency(amount, from, to).")
+
+def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
+    return {"type": "function", "function": {
+        "name": name, "description": description, "parameters": {
+            "type": "object", "properties": {k: {"type": t} for k, t in params.items()},
+            "required": list(params), "additionalProperties": False}}}
+
+
+# The five tools of SYSTEM_PROMPT as OpenAI function tools: what a client sends with
+# `tools` to have the demo variant answer with real `tool_calls` (docs/serving.md).
+TOOLS: list[dict[str, Any]] = [
+    _tool("get_weather", "The weather in a city on a day", city="string", day="string"),
+    _tool("set_timer", "Set a timer", minutes="integer"),
+    _tool("send_email", "Send an email", to="string", subject="string"),
+    _tool("play_music", "Play music by an artist", artist="string"),
+    _tool("convert_currency", "Convert an amount between currencies", amount="number",
+          **{"from": "string", "to": "string"}),
+]
 # The recorded configuration of the shipped adapter (see its provenance.json): float
 # numerics, as the earlier demo, and the KL penalty measured on DEMO_KL_TEXT, which
 # holds unrelated text where the base had it (docs/training.md, "The demo").
