@@ -319,6 +319,10 @@ class CompareView(QWidget):
         self.split.addWidget(self.plot)
         self.split.setStretchFactor(0, 3)
         self.split.setStretchFactor(1, 2)
+        # The plot can be made shorter than the chart's own 220 px: at 1024×700 that
+        # minimum took two thirds of the height and the answers showed three lines.
+        self.plot.setMinimumHeight(140)
+        self.split.setSizes([300, 200])
         layout.addWidget(self.split, 1)
 
         events.catalogChanged.connect(self._catalog_changed)

@@ -30,7 +30,13 @@ import time
 from typing import Any
 
 from PySide6.QtCore import QSettings, Qt, QTimer
-from PySide6.QtGui import QColor, QGuiApplication, QStandardItem, QStandardItemModel
+from PySide6.QtGui import (
+    QColor,
+    QGuiApplication,
+    QShowEvent,
+    QStandardItem,
+    QStandardItemModel,
+)
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -46,6 +52,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSpinBox,
     QSplitter,
+    QStyle,
     QTableView,
     QTabWidget,
     QVBoxLayout,
@@ -62,9 +69,11 @@ from gui.controllers.server import ServerController
 
 LOG_ROWS = recent.REQUESTS
 LOG_SAVE_MS = 1000  # new log rows are written this long after they arrive, together
-COLUMNS = ("time", "status", "model", "identity", "prompt", "completion", "tok/s",
-           "message")
+# tokens: the prompt's → the answer's (one column: eight left the message 70 px at
+# 1024×700).
+COLUMNS = ("time", "status", "model", "identity", "tokens", "tok/s", "message")
 MESSAGE = COLUMNS.index("message")
+MODEL_WIDTH = 200  # px at most for the model column (long names elide; tooltip: whole)
 HOSTS = (("127.0.0.1", "127.0.0.1 — this computer only"),
          ("0.0.0.0", "0.0.0.0 — every network interface (needs a key)"))
 EXAMPLE_MESSAGE = "Hello!"
@@ -157,6 +166,11 @@ class ServerPanel(QWidget):
         for value, label in HOSTS:
             self.host.addItem(label, value)
         self.host.setAccessibleName("Bind address")
+        # Its longest choice ("0.0.0.0 — every network interface (needs a key)") would set
+        # the panel's minimum width; closed, the choice may elide (the list shows it all).
+        self.host.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.host.setMinimumContentsLength(18)
         self.host.setToolTip("Where the server listens. Loopback (127.0.0.1) is reachable "
                              "from this computer only; any other address needs an API key.")
         self.port = QSpinBox()
@@ -258,10 +272,13 @@ class ServerPanel(QWidget):
         self.log_view.setEditTriggers(QTableView.EditTrigger.NoEditTriggers)
         # The short columns as wide as what they hold, the message takes the rest of the
         # panel's width (elided, whole in the tooltip); the user can still drag them.
+        # (Widths kept here from every row's text: Qt's ResizeToContents measures only
+        # the rows in view, and cut "401 Unauthorized" once it was scrolled past.)
         header = self.log_view.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         header.setSectionResizeMode(MESSAGE, QHeaderView.ResizeMode.Stretch)
         header.setMinimumSectionSize(40)
+        self._widths = [0] * len(COLUMNS)
         self.log_view.setWordWrap(False)
         self.log_view.setTextElideMode(Qt.TextElideMode.ElideRight)
         # Rows of generations still running, by reply id (replaced by their outcome).
@@ -302,6 +319,7 @@ class ServerPanel(QWidget):
         self.splitter.addWidget(log_box)
         self.splitter.setStretchFactor(0, 1)
         self.splitter.setStretchFactor(1, 1)
+        self._split_once = False  # sized at the first show (`showEvent`)
         self.splitter.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.addWidget(self.splitter)
@@ -319,6 +337,19 @@ class ServerPanel(QWidget):
         self.reload_models()
         self._settings_changed()
         self._state_changed(controller.state, "")
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 (Qt's name)
+        """At the first show: the settings and examples get what they need (and at most
+        45 % of the height), the log the rest. By the size hints alone the log had four
+        rows at 1024×700."""
+        super().showEvent(event)
+        if self._split_once:
+            return
+        self._split_once = True
+        total = sum(self.splitter.sizes())
+        top = max(self.splitter.widget(0).minimumSizeHint().height(), int(total * 0.45))
+        if 0 < top < total:
+            self.splitter.setSizes([top, total - top])
 
     # ---------------------------------------------------------------- settings
 
@@ -555,7 +586,7 @@ class ServerPanel(QWidget):
     def add_pending_row(self, pending: Pending) -> None:
         """A generation that reached the engine: shown until its outcome replaces it."""
         values = (time.strftime("%H:%M:%S", time.localtime(pending.time)), "…",
-                  pending.model, "", "", "", "", pending_text(pending))
+                  pending.model, "", "", "", pending_text(pending))
         items = [QStandardItem(value) for value in values]
         for item in items:
             item.setToolTip(f"{pending.path}: running")
@@ -611,8 +642,7 @@ class ServerPanel(QWidget):
         failed = entry.status >= 400
         values = (time.strftime("%H:%M:%S", time.localtime(entry.time)),
                   status_text(entry.status), entry.model or "—", entry.identity or "—",
-                  "" if failed else str(entry.prompt_tokens),
-                  "" if failed else str(entry.completion_tokens),
+                  "" if failed else f"{entry.prompt_tokens} → {entry.completion_tokens}",
                   "" if failed else f"{entry.tokens_per_second:.1f}", message_text(entry))
         tip = f"{entry.path} · {status_text(entry.status)} · {entry.seconds:.2f} s" + (
             f"\n{entry.reason}" if entry.reason else "")
@@ -622,6 +652,7 @@ class ServerPanel(QWidget):
             items = [self.log_model.item(row, column) for column in range(len(COLUMNS))]
             for item, value in zip(items, values, strict=True):
                 item.setText(value)
+            self._fit_columns(items)
         else:
             items = [QStandardItem(value) for value in values]
         for item in items:
@@ -633,7 +664,26 @@ class ServerPanel(QWidget):
             self._append(items)
         self._show_activity()
 
+    def _fit_columns(self, items: list[QStandardItem]) -> None:
+        """Each short column as wide as the widest text it held (a model's name at most
+        MODEL_WIDTH px: elided, whole in the tooltip); the message takes the rest."""
+        metrics = self.log_view.fontMetrics()
+        header = self.log_view.horizontalHeader()
+        pad = 2 * self.log_view.style().pixelMetric(
+            QStyle.PixelMetric.PM_FocusFrameHMargin, None, self.log_view) + 12
+        for column, item in enumerate(items):
+            if column == MESSAGE:
+                continue
+            title = metrics.horizontalAdvance(COLUMNS[column]) + pad + 8
+            width = max(metrics.horizontalAdvance(item.text()) + pad, title)
+            if column == COLUMNS.index("model"):
+                width = min(width, MODEL_WIDTH)
+            if width > self._widths[column]:
+                self._widths[column] = width
+                header.resizeSection(column, width)
+
     def _append(self, items: list[QStandardItem]) -> None:
+        self._fit_columns(items)
         self.log_model.appendRow(items)
         while self.log_model.rowCount() > LOG_ROWS:
             self.log_model.removeRow(0)

@@ -109,8 +109,9 @@ class TrainPage(QWidget):
         # field says whose data it is, or offers it back ("Use the demo data") once the
         # field names another file.
         self.demo_data = demo.resources_dir() / DEMO_DATA
+        # One line (wrapped in a form row it was drawn in the middle of a row twice its
+        # height).
         self.data_note = QLabel()
-        self.data_note.setWordWrap(True)
         self.data_note.setTextFormat(Qt.TextFormat.RichText)
         self.data_note.linkActivated.connect(lambda _link: self.use_demo_data())
         data_row = QHBoxLayout()
@@ -696,8 +697,9 @@ class TrainPage(QWidget):
         (after the method's rows were shown, as for the reward's file)."""
         shipped = self.demo_data.is_file()
         if self.data.text().strip() == str(self.demo_data):
-            self.data_note.setText(f"The shipped demo data: the tool calls "
-                                   f"{demo.ADAPTER_NAME} was trained on.")
+            self.data_note.setText(f"The demo data {demo.ADAPTER_NAME} was trained on")
+            self.data_note.setToolTip("Shipped with Variant Studio: conversations "
+                                      "answered with a JSON tool call")
         else:
             self.data_note.setText('<a href="demo">Use the demo data</a>')
         self.main_form.setRowVisible(self.data_note, shipped and not self.is_rl())

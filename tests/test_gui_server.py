@@ -84,8 +84,8 @@ def test_the_panel_serves_the_openai_client_and_logs_each_request(
 
     qtbot.waitUntil(lambda: panel.log_model.rowCount() == (2 if shutil.which("curl") else 1),
                     timeout=SHORT)
-    _time, status, model, identity, prompt, completion, speed, _message = \
-        panel.log_rows()[0]
+    _time, status, model, identity, tokens, speed, _message = panel.log_rows()[0]
+    prompt, completion = tokens.split(" → ")
     assert (model, status) == (VARIANT_NAME, "200 OK")
     assert identity == resolve.identity(Catalog(), VARIANT_NAME).short
     assert int(prompt) > 0 and int(completion) > 0 and float(speed) > 0
