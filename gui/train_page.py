@@ -583,6 +583,7 @@ class TrainPage(QWidget):
         text = self.warnings.text()
         self.warnings.setText((text + "\n" if text else "") + f"⚠ {message}")
         self.warnings.show()
+        self._fit_reports()
 
     @Slot(dict)
     def _memory(self, event: dict) -> None:
@@ -617,6 +618,19 @@ class TrainPage(QWidget):
     def _checks(self, checks: dict) -> None:
         self._checks_seen = True
         self.served.show_checks(checks)
+        self._fit_reports()
+
+    def _fit_reports(self) -> None:
+        """The served check and warnings get the height they need under the plot, as
+        far as the plot keeps its minimum (they scroll beyond it): by the splitter's
+        first sizes they had two lines at 1600×1000 beside a plot of 600 px."""
+        total = sum(self.run_split.sizes())
+        if total <= 0:
+            return
+        self.reports.widget().adjustSize()
+        want = self.reports.widget().sizeHint().height() + 2 * self.reports.frameWidth()
+        bottom = max(self.reports.minimumHeight(), min(want, total - PLOT_MIN_HEIGHT))
+        self.run_split.setSizes([total - bottom, bottom])
 
     @Slot(dict)
     def _finished(self, result: dict) -> None:
@@ -640,6 +654,7 @@ class TrainPage(QWidget):
             self.served.show_checks(result["checks"])
         elif not self._checks_seen:
             self.served.show_checks({})
+        self._fit_reports()
 
     @Slot(str, list)
     def _failed(self, message: str, details: list) -> None:

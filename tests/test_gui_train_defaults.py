@@ -66,7 +66,7 @@ def test_the_loss_plot_stays_in_view_at_1024x700_with_the_served_check(
                         "activations); 0.8 s per step.")
     page.memory.show()
     page._warning("3 examples were cut at the sequence length")
-    page.served.show_checks(CHECKS)
+    page._checks(CHECKS)  # as the training worker's event delivers it
     assert page.served.flagged()
     page.advanced_toggle.setChecked(True)  # the form's own height never moves the plot
     for _ in range(3):
@@ -87,3 +87,21 @@ def test_the_loss_plot_stays_in_view_at_1024x700_with_the_served_check(
     form = visible_in(page.scroll.viewport(), window)
     assert form.contains(visible_in(page.data, window)), (form, page.data.geometry())
     assert page.scroll.horizontalScrollBar().maximum() == 0
+
+
+def test_the_served_check_gets_the_height_it_needs_where_there_is_room(
+        window: MainWindow, qtbot) -> None:
+    size = QSize(1600, 1000)
+    window.resize(size)
+    qtbot.waitUntil(lambda: window.size() == size, timeout=SHORT)
+    page = window.train
+    window.tabs.setCurrentWidget(page)
+    QApplication.processEvents()
+    page._checks(CHECKS)
+    for _ in range(3):
+        QApplication.processEvents()
+    # Whole in view (no scrolling to read it), the plot still taller than its minimum.
+    assert page.reports.verticalScrollBar().maximum() == 0, page.run_split.sizes()
+    assert visible_in(page.reports.viewport(), window).contains(
+        visible_in(page.served, window))
+    assert page.plot.height() > 180
