@@ -38,6 +38,7 @@ from PySide6.QtWidgets import QApplication, QLabel, QScrollArea, QSplitter, QWid
 
 from engine.curated import demo
 from engine.curated.demo import VARIANT_NAME
+from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.serve.app import LogEntry, Pending
 from gui import theme
 from gui.library import display_name
@@ -57,7 +58,8 @@ README_SHOTS = {"details": {"light": "details-light.png", "dark": "details-dark.
                 "compare": {"light": "compare-light.png", "dark": "compare-dark.png"},
                 "server": {"light": "server.png"},
                 "train": {"light": "train.png"},
-                "wizard": {"light": "wizard-report.png"}}
+                "wizard": {"light": "wizard-report.png"},
+                "composer": {"light": "composer.png"}}
 ANSWER = (
     "## Packing for a week in Zurich\n\n"
     "Zurich in spring changes its mind often, so pack for **rain and sun** alike. "
@@ -202,6 +204,19 @@ def check(window: MainWindow, size: QSize, state: str) -> list[str]:
     return [f"{where}: {problem}" for problem in problems]
 
 
+def dialog_problems(dialog: QWidget, size: QSize, state: str) -> list[str]:
+    settle()
+    where = f"{size.width()}x{size.height()} {state}"
+    problems = []
+    hint = dialog.minimumSizeHint()
+    if hint.width() > size.width() or hint.height() > size.height():
+        problems.append(f"asks for {hint.width()}x{hint.height()}")
+    if dialog.width() > size.width() or dialog.height() > size.height():
+        problems.append(f"is {dialog.width()}x{dialog.height()}")
+    problems += splitter_problems(dialog) + label_problems(dialog)
+    return [f"{where}: {problem}" for problem in problems]
+
+
 # --------------------------------------------------------------------------- flows
 
 
@@ -211,7 +226,9 @@ def details(window: MainWindow) -> None:
 
 
 def chat(window: MainWindow) -> None:
-    window.open_chat(VARIANT_NAME)
+    # The base model: a long Markdown answer is what it gives (the demo variant answers
+    # with one JSON tool call).
+    window.open_chat(DEFAULT_MODEL_NAME)
     view = window.chat
     engine = FakeEngine()
     view.controller.engine = engine
@@ -224,12 +241,39 @@ def chat(window: MainWindow) -> None:
         engine.last.sink.tokens("main", "".join(chunk),
                                 [[start + i, -0.1, p] for i, p in enumerate(chunk)])
         settle()
-    engine.last.sink.finished(generation_result(ANSWER, VARIANT_NAME, tokens=pieces,
+    engine.last.sink.finished(generation_result(ANSWER, DEFAULT_MODEL_NAME, tokens=pieces,
                                                 tokens_per_second=4.7))
+
+
+def real_chat(window: MainWindow, qtbot) -> None:  # noqa: ANN001
+    """For the README: a real answer of the shipped model, through the window's engine."""
+    window.open_chat(DEFAULT_MODEL_NAME)
+    view = window.chat
+    view.new_chat()
+    view.input.setPlainText("Write a short Python function that reverses a string, with a "
+                            "docstring and an example.")
+    with qtbot.waitSignal(view.answered, timeout=LONG):
+        view.send()
 
 
 def compare(window: MainWindow) -> None:
     finish_a_comparison(window)
+
+
+def real_compare(window: MainWindow, qtbot) -> None:  # noqa: ANN001
+    """For the README: the demo variant against its base on a request of its task (a
+    real comparison, through the window's engine)."""
+    window.open_compare(VARIANT_NAME)
+    view = window.compare
+    view.prompt.setPlainText("Do I need an umbrella in Zurich tomorrow?")
+    view.max_tokens.setValue(64)
+    with qtbot.waitSignal(view.busyChanged, timeout=LONG,
+                          check_params_cb=lambda busy: not busy):
+        view.run()
+
+
+def composer(window: MainWindow) -> QWidget:
+    return window.compose(editing=VARIANT_NAME)
 
 
 def server(window: MainWindow) -> None:
@@ -240,11 +284,12 @@ def server(window: MainWindow) -> None:
     path = "/v1/chat/completions"
     panel.add_log_row(LogEntry(now, path, VARIANT_NAME, "d0bae8f37620", 96, 18, 4.7, 200,
                                4.1, id="chatcmpl-1"))
+    # The server's own messages for these mistakes (engine/serve).
     panel.add_log_row(LogEntry(now + 2, path, "tool-call", "", 0, 0, 0.0, 404, 0.0,
-                               "no model named 'tool-call' is offered (did you mean "
-                               "'tool-calls'?)"))
+                               "the model 'tool-call' does not exist or is not served here "
+                               "(GET /v1/models lists what is)"))
     panel.add_log_row(LogEntry(now + 3, path, VARIANT_NAME, "", 0, 0, 0.0, 400, 0.0,
-                               "messages: Input should be a valid list"))
+                               "invalid messages: Input should be a valid list"))
     panel.add_log_row(LogEntry(now + 4, "/v1/models", "", "", 0, 0, 0.0, 401, 0.0,
                                "missing or wrong API key (send Authorization: Bearer KEY)"))
     panel.add_pending_row(Pending("chatcmpl-2", now + 5, path, "smollm2-135m-instruct",
@@ -308,12 +353,19 @@ def test_the_main_flows_hold_their_shape(window: MainWindow, qtbot, themed: QApp
         if readme and target:
             assert widget.grab().save(str(ROOT / "docs" / "screenshots" / target)), target
 
+    if readme:  # the README's images: no welcome banner, real answers
+        window.banner.dismiss.click()
     window.tabs.setCurrentWidget(window.detail)
     problems += check(window, size, "library")
     photograph(window, "library")
     for state, flow in (("details", details), ("chat", chat), ("compare", compare),
                         ("server", server), ("train", train)):
-        flow(window)
+        if readme and state == "chat":
+            real_chat(window, qtbot)
+        elif readme and state == "compare":
+            real_compare(window, qtbot)
+        else:
+            flow(window)
         problems += check(window, size, state)
         photograph(window, state)
     # After every flow, every tab still fits (a finished comparison once grew the
@@ -323,14 +375,12 @@ def test_the_main_flows_hold_their_shape(window: MainWindow, qtbot, themed: QApp
         problems += check(window, size, f"tab {window.tabs.tabText(index)}")
 
     dialog = wizard(window, qtbot)
-    settle()
-    hint = dialog.minimumSizeHint()
-    if hint.width() > width or hint.height() > height:
-        problems.append(f"{width}x{height} wizard: asks for {hint.width()}x{hint.height()}")
-    if dialog.width() > width or dialog.height() > height:
-        problems.append(f"{width}x{height} wizard: is {dialog.width()}x{dialog.height()}")
-    problems += [f"{width}x{height} wizard: {p}"
-                 for p in splitter_problems(dialog) + label_problems(dialog)]
+    problems += dialog_problems(dialog, size, "wizard")
     photograph(dialog, "wizard")
+    dialog.reject()
+
+    dialog = composer(window)
+    problems += dialog_problems(dialog, size, "composer")
+    photograph(dialog, "composer")
     dialog.reject()
     assert not problems, "\n".join(problems)
