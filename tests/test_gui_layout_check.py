@@ -26,8 +26,12 @@ written from the same states at 1280×800: `scripts/screenshots.sh` runs that.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -295,6 +299,43 @@ def server(window: MainWindow) -> None:
     panel.add_pending_row(Pending("chatcmpl-2", now + 5, path, "smollm2-135m-instruct",
                                   "smollm2-135m-instruct", True))
     panel.save_log()
+    panel.log_view.setFocus()  # (the address field's cursor blinked in the screenshot)
+
+
+def real_server(window: MainWindow, qtbot) -> None:  # noqa: ANN001
+    """For the README: the server started from the panel, a real answer and a client's
+    three mistakes (an unknown model, a malformed body, a wrong key) in its log."""
+    panel, controller = window.server, window.server_controller
+    window.tabs.setCurrentWidget(panel)
+    panel.clear_requests()
+    panel.port.setValue(0)
+    panel.key.setText("readme-example-key")
+    with qtbot.waitSignal(controller.stateChanged, timeout=LONG,
+                          check_params_cb=lambda state, _d: state in ("running", "failed")):
+        panel.start_button.click()
+    assert controller.running(), panel.state_label.text()
+    url = f"http://127.0.0.1:{controller.port}/v1/chat/completions"
+
+    def post(body: dict, key: str = "readme-example-key") -> None:
+        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        with contextlib.suppress(urllib.error.HTTPError):
+            urllib.request.urlopen(request, timeout=LONG / 1000).read()  # noqa: S310
+
+    ask = [{"role": "user", "content": "Set a timer for 10 minutes"}]
+    post({"model": VARIANT_NAME, "messages": ask, "max_tokens": 32})
+    post({"model": "tool-call", "messages": ask})
+    post({"model": VARIANT_NAME, "messages": "Set a timer"})
+    post({"model": VARIANT_NAME, "messages": ask}, key="wrong-key-123")
+    qtbot.waitUntil(lambda: panel.log_model.rowCount() == 4, timeout=SHORT)
+    panel.log_view.setFocus()
+
+
+def stop_server(window: MainWindow, qtbot) -> None:  # noqa: ANN001
+    if window.server_controller.running():
+        with qtbot.waitSignal(window.server_controller.stateChanged, timeout=LONG,
+                              check_params_cb=lambda state, _d: state == "stopped"):
+            window.server.start_button.click()
 
 
 def train(window: MainWindow) -> None:
@@ -364,10 +405,14 @@ def test_the_main_flows_hold_their_shape(window: MainWindow, qtbot, themed: QApp
             real_chat(window, qtbot)
         elif readme and state == "compare":
             real_compare(window, qtbot)
+        elif readme and state == "server":
+            real_server(window, qtbot)
         else:
             flow(window)
         problems += check(window, size, state)
         photograph(window, state)
+        if state == "server":
+            stop_server(window, qtbot)
     # After every flow, every tab still fits (a finished comparison once grew the
     # window on all of them).
     for index in range(window.tabs.count()):
