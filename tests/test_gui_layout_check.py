@@ -5,10 +5,11 @@ The flows: the library with a variant's details, the chat after a long streamed 
 (headings, a list, code, a long paragraph), a finished comparison with long side
 headers, the Server panel with served, refused and running requests, the Train page
 after a run (the loss plot, the memory line, a flagged served check) and the import
-wizard's report on the shipped adapter. The engine is the point of none of them, so
-the chat's answer comes through a fake engine and the comparison's result is built
-(the real engine's flows have tests of their own); the catalog, the wizard's
-inspection and every view are the real ones.
+wizard's report on the shipped adapter, and the composer. The engine is the point of
+none of them, so the chat's answer comes through a fake engine, the comparison's result
+is built and the server's rows are its own `LogEntry`s (the real engine's flows have
+tests of their own); the catalog, the wizard's inspection and every view are the real
+ones.
 
 A state fails when
 - the window asks for more than it was given (`minimumSizeHint`), or grew by itself;
@@ -18,10 +19,12 @@ A state fails when
   would fit, a wrapped label given fewer lines than its text needs, a one-line label
   narrower than its text.
 
-Every state's screenshot is saved (`window.grab()`), under `$LAYOUT_SHOTS` or the
-test's temporary folder (the path is printed: `pytest -s` shows it). With
+Every state's screenshot is saved (`window.grab()`), under `$LAYOUT_SHOTS` or
+.tmp/layout-shots/ (the path is printed: `pytest -s` shows it). With
 `VARIANT_STUDIO_README_SHOTS=1` the README's screenshots (docs/screenshots/) are
-written from the same states at 1280×800: `scripts/screenshots.sh` runs that.
+written from the same states at 1280×800, checked the same way, with no welcome banner
+and a real chat, comparison and server (the window's engine, a client over HTTP):
+`scripts/screenshots.py` runs that.
 """
 
 from __future__ import annotations
