@@ -1,4 +1,4 @@
-"""The status bar's note when other programs slow the engine (issue 28, item 12).
+"""The status bar's note when other programs slow the engine.
 
 The engine measures, while it decodes, how much CPU other programs take from the cores
 it runs on (`engine.runtime.contention`) and says so in each answer's `machine_load`;

@@ -1,0 +1,148 @@
+"""Tool calling through the local server, as an agent framework sees it (writes
+benchmarks/out/tool_calls.json).
+
+1. Accuracy: each of the demo's 60 held-out requests (resources/demo/heldout.jsonl) is
+   sent to `variant-studio serve` with the official `openai` client, with the demo's
+   five tools as OpenAI `tools` (`demo.TOOLS`) and `tool_choice` "required" (one call,
+   greedy), to the demo variant and to its plain base, on llama.cpp and on OpenVINO
+   (the OpenVINO default with the demo adapter's PEFT file). A request counts when the
+   answer's one tool call has exactly the expected function name and arguments
+   (JSON-equal). The constraint guarantees a well-formed call from either model; which
+   call it is, is the model's.
+2. The cost of constrained decoding: decode tok/s of the base with and without a JSON
+   schema on the same prompts, through the engine, interleaved round by round (aim:
+   constrained / free >= 0.9).
+
+Usage: .venv/bin/python -m benchmarks.bench_tool_calls [--rounds N] [--limit N]
+       [--no-openvino] [--cost-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import median, scratch_home, write
+
+# The story's minimum length keeps a constrained answer about as long as a free one
+# (both are cut at 96 tokens), so the two speeds are over similar lengths.
+SCHEMA = {"type": "object", "properties": {
+    "title": {"type": "string"}, "story": {"type": "string", "minLength": 400}},
+    "required": ["title", "story"], "additionalProperties": False}
+COST_PROMPTS = ["Tell me a long story about a lighthouse keeper.",
+                "Describe a walk through a city market in detail.",
+                "Write a long letter to a friend about your summer."]
+
+
+def expected_calls(path: Path) -> list[tuple[str, str, dict[str, Any]]]:
+    """(request, function name, arguments) of each held-out line."""
+    out = []
+    for line in path.read_text().splitlines():
+        messages = json.loads(line)["messages"]
+        answer = json.loads(messages[-1]["content"])
+        out.append((messages[-2]["content"], answer["tool"], answer["args"]))
+    return out
+
+
+def accuracy(client: Any, model: str, cases: list[tuple[str, str, dict[str, Any]]],
+             tools: list[dict[str, Any]]) -> dict[str, Any]:
+    right, wrong_name, seconds = 0, 0, []
+    for question, name, arguments in cases:
+        start = time.perf_counter()
+        answer = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": question}], tools=tools,
+            tool_choice="required", parallel_tool_calls=False, temperature=0, seed=7,
+            max_tokens=64, extra_body={"repeat_penalty": 1.0})
+        seconds.append(time.perf_counter() - start)
+        calls = answer.choices[0].message.tool_calls or []
+        if len(calls) == 1 and calls[0].function.name == name:
+            right += json.loads(calls[0].function.arguments) == arguments
+        else:
+            wrong_name += 1
+    return {"exact": right, "of": len(cases), "accuracy": right / len(cases),
+            "wrong_function": wrong_name, "median_request_s": median(seconds)}
+
+
+def constrained_cost(catalog: Any, base: str, rounds: int) -> dict[str, Any]:
+    from engine.formats.tool_calls import Constraint
+    from engine.runtime import assembly
+    from engine.runtime.client import EngineClient
+    from engine.runtime.messages import Prompt
+
+    constraint = Constraint(response_format="json_schema", schema=SCHEMA)
+    speeds: dict[str, list[float]] = {"free": [], "json_schema": []}
+    tokens: dict[str, list[int]] = {"free": [], "json_schema": []}
+    client = EngineClient()
+    try:
+        for round_ in range(rounds + 1):  # round 0 warms the model up, unrecorded
+            for prompt in COST_PROMPTS:
+                for kind in ("free", "json_schema") if round_ % 2 else ("json_schema", "free"):
+                    request = assembly.request(
+                        catalog, base, Prompt(text=prompt, chat=True), max_tokens=96,
+                        temperature=0.0, seed=7, repeat_penalty=1.0,
+                        constraint=constraint if kind == "json_schema" else None)
+                    result = client.submit(request).wait(600)
+                    if round_:
+                        speeds[kind].append(result.tokens_per_second)
+                        tokens[kind].append(len(result.token_ids))
+    finally:
+        client.close()
+    free, constrained = median(speeds["free"]), median(speeds["json_schema"])
+    return {"free_tok_s": free, "json_schema_tok_s": constrained,
+            "ratio": constrained / free, "aim": 0.9,
+            "median_tokens": {k: median([float(t) for t in v]) for k, v in tokens.items()},
+            "samples": len(speeds["free"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--limit", type=int, default=60, help="held-out requests to ask")
+    parser.add_argument("--no-openvino", action="store_true")
+    parser.add_argument("--cost-only", action="store_true",
+                        help="only the cost of constrained decoding")
+    args = parser.parse_args()
+    scratch_home()
+
+    import openai
+
+    from engine.catalog.store import AdapterSpec, Catalog
+    from engine.curated import demo, embedded, openvino_default, setup
+    from engine.serve.config import ServeConfig
+    from engine.serve.server import ServerThread
+
+    catalog = Catalog()
+    setup.first_run(catalog, with_demo=True)
+    base = embedded.DEFAULT_MODEL_NAME
+    models = {"llama.cpp": {"base": base, "variant": demo.VARIANT_NAME}}
+    if not args.no_openvino and not args.cost_only:
+        openvino_default.ensure_default(catalog)
+        catalog.add_variant("tool-calls-openvino", openvino_default.NAME,
+                            [AdapterSpec(demo.ADAPTER_NAME, 1.0)], demo.DEMO_PROFILE)
+        models["openvino"] = {"base": openvino_default.NAME, "variant": "tool-calls-openvino"}
+    cases = expected_calls(demo.resources_dir() / demo.SHIPPED_HELDOUT)[:args.limit]
+    server = ServerThread(ServeConfig(port=0, max_sessions=2), catalog).start()
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                           timeout=600)
+    results: dict[str, Any] = {}
+    if args.cost_only:
+        models = {}
+    try:
+        for backend, names in models.items():
+            results[backend] = {role: {"model": name, **accuracy(client, name, cases,
+                                                                  demo.TOOLS)}
+                                for role, name in names.items()}
+            print(backend, json.dumps(results[backend]))
+    finally:
+        server.stop()
+    cost = constrained_cost(catalog, base, args.rounds)
+    write("tool_calls", {"accuracy": results, "constrained_decoding": cost,
+                         "note": "the embedded 135M model and the shipped demo adapter "
+                                 "(real weights); greedy; tool_choice required"})
+
+
+if __name__ == "__main__":
+    main()
