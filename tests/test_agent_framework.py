@@ -14,6 +14,7 @@ arguments exactly. The final answer of a 135M model after a tool result is weak 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 from typing import Any
 
@@ -50,6 +51,23 @@ def agent_for(world: World, model: str, tools: list[Any]) -> Agent:
                                               max_tokens=60, seed=7))
 
 
+async def run_agent(agent: Agent, question: str, stream: bool) -> Any:
+    if stream:
+        run = Runner.run_streamed(agent, question, max_turns=4)
+        async for _event in run.stream_events():
+            pass
+        return run
+    return await Runner.run(agent, question, max_turns=4)
+
+
+def in_a_thread_of_its_own(coroutine: Any) -> Any:
+    """`coroutine` run to its end on a fresh event loop in a new thread: in the CI run an
+    earlier test in the same worker process left the main thread with an event loop
+    marked running, and `asyncio.run` (and the SDK's `run_sync`) refuse to start there."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result(timeout=900)
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_the_agents_sdk_runs_a_tool_loop_on_the_demo_variant(world: World, stream: bool
                                                                ) -> None:
@@ -63,16 +81,7 @@ def test_the_agents_sdk_runs_a_tool_loop_on_the_demo_variant(world: World, strea
 
     agent = agent_for(world, demo.VARIANT_NAME, [get_weather])
     question = "Do I need an umbrella in Zurich tomorrow?"
-    if stream:
-        async def streamed() -> Any:
-            run = Runner.run_streamed(agent, question, max_turns=4)
-            async for _event in run.stream_events():
-                pass
-            return run
-
-        result: Any = asyncio.run(streamed())
-    else:
-        result = Runner.run_sync(agent, question, max_turns=4)
+    result = in_a_thread_of_its_own(run_agent(agent, question, stream))
 
     # The SDK ran our function once, with the demo adapter's exact arguments...
     assert calls == [("Zurich", "tomorrow")]
