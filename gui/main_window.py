@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressDialog,
     QPushButton,
+    QSizePolicy,
     QSplitter,
     QStyle,
     QTabWidget,
@@ -65,6 +66,7 @@ from gui.server_panel import ServerPanel
 from gui.settings_dialog import SettingsDialog
 from gui.tasks import Task
 from gui.train_page import TrainPage
+from gui.widgets.elided_label import ElidedLabel
 from gui.wizard import ImportDialog
 
 
@@ -165,7 +167,7 @@ class MainWindow(QMainWindow):
         layout.addWidget(self.splitter, 1)
         self.setCentralWidget(central)
 
-        self.check_label = QLabel()
+        self.check_label = _status_label()
         self.check_button = QPushButton("Stop")
         self.check_button.setFlat(True)
         self.check_button.clicked.connect(self._check_button_clicked)
@@ -174,13 +176,13 @@ class MainWindow(QMainWindow):
         self.check_label.hide()
         self.check_button.hide()
         self.engine_label = QLabel()
-        self.resident_label = QLabel()
+        self.resident_label = _status_label()
         self.memory_label = QLabel()
         self.threads_label = QLabel()
         self.threads_label.setToolTip("Inference threads of the engine process "
                                       "(Settings → Engine threads)")
         # Shown only while other programs slow the engine (gui.machine_load).
-        self.machine_label = QLabel()
+        self.machine_label = _status_label()
         self.machine_label.hide()
         for label in (self.engine_label, self.resident_label, self.memory_label,
                       self.threads_label, self.machine_label):
@@ -745,3 +747,13 @@ class MainWindow(QMainWindow):
         self.client.close()
         self.presence.close()
         super().closeEvent(event)
+
+
+def _status_label() -> ElidedLabel:
+    """A status-bar label with a text of any length: its full width while there is room,
+    elided (the whole text in its tooltip) when not, never widening the window (the
+    labels' widths add up: a long resident list and a busy-machine note made the
+    window's minimum wider than 1024 px)."""
+    label = ElidedLabel()
+    label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+    return label

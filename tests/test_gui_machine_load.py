@@ -58,3 +58,26 @@ def test_a_comparison_reports_its_later_side() -> None:
     assert load_of(CompareResult(base=plain, variant=plain, first_divergence=None,
                                  adapter_effect=None)) is None
     assert load_of({"not": "a result"}) is None
+
+
+def test_the_status_bar_fits_a_1024_px_window_and_cuts_with_an_ellipsis(window, qtbot
+                                                                         ) -> None:
+    """Every status-bar note at once (a long resident list, the busy-machine note, a
+    library check) fits a 1024 px window: the long texts are elided, whole in their
+    tooltips. Before, the labels asked for the sum of their texts' widths and the status
+    bar cut the last ones off mid-word, the busy-machine note first."""
+    window.resident_label.setText("resident: " + " · ".join(
+        f"a-rather-long-model-name-{i}" for i in range(8)) + " · 8 session(s)")
+    window.check_label.setText("checking 12 files on disk: smollm2-135m-instruct …")
+    window.check_label.show()
+    window.client._ended(finished_reply(generation_result(
+        "hi", machine_load=MachineLoad(1.2, 2, 2, 2).to_dict())))
+    assert window.machine_label.isVisible()
+    window.resize(1024, 700)
+    qtbot.waitUntil(lambda: window.width() == 1024)
+    assert window.statusBar().minimumSizeHint().width() <= 1024
+    assert window.resident_label.is_elided()
+    assert "a-rather-long-model-name-7" in window.resident_label.toolTip()
+    # The busy-machine note is still on screen, whole or elided, never cut off.
+    note = window.machine_label
+    assert note.geometry().right() <= window.statusBar().width()
