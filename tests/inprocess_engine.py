@@ -165,6 +165,10 @@ class InProcessEngine:
     def call(self, request: m.Request, timeout: float = TIMEOUT) -> Any:
         return self.submit(request).wait(timeout)
 
+    def running(self) -> bool:
+        """As `EngineClient.running`: the host thread serves until `close`."""
+        return self.thread.is_alive()
+
     def cancel(self, handle: RequestHandle) -> None:
         if not handle.done.is_set():
             self._write({"op": "cancel", "target": handle.id})

@@ -119,8 +119,7 @@ class ServerState:
 
     def loading(self, spec: SessionSpec) -> bool:
         """Whether the engine must load this request's base before answering."""
-        running = getattr(self.bridge.client, "running", None)
-        if callable(running) and not running():
+        if not self.bridge.engine_running():
             self.warm.clear()  # a new engine process (at start, or after a crash) is cold
         return (spec.backend, spec.base_path) not in self.warm
 

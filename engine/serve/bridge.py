@@ -26,6 +26,10 @@ class EngineBridge:
         self.in_flight = 0
         self.served = 0
 
+    def engine_running(self) -> bool:
+        """Whether the engine process is alive now (nothing is started to find out)."""
+        return self.client.running()
+
     def check_capacity(self) -> None:
         """Refuse (429 with Retry-After) when `queue_limit` requests are in flight.
 
