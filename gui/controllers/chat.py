@@ -42,6 +42,7 @@ from engine.runtime.messages import Generate, Prompt
 from engine.runtime.results import GenerationResult
 from engine.state import conversations
 from engine.state.conversations import ChatMessage, ChatToolCall, Conversation
+from engine.wire import encode
 from gui.controllers.engine_port import CurrentSink, Engine, Running
 from gui.render import BACKEND_LABELS, unanswered_calls
 
@@ -120,19 +121,6 @@ def history(messages: Sequence[ChatMessage]) -> tuple[Message, ...]:
     return tuple(Message(m.role, m.content, tool_calls=tuple(
         ToolCall(c.id, c.name, c.arguments) for c in m.tool_calls) if m.tool_calls else None,
         tool_call_id=m.tool_call_id, name=m.name) for m in messages if not m.error)
-
-
-def message_record(message: Message) -> dict[str, Any]:
-    """A message as a replay record's prompt holds it (the wire's shape of `Message`)."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments}
-                             for c in message.tool_calls]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        out["name"] = message.name
-    return out
 
 
 def read_tools(text: str) -> tuple[Tool, ...]:
@@ -311,7 +299,7 @@ class ChatController:
         if not record:
             return None
         return {**record, "prompt": {**record["prompt"], "messages": [
-            message_record(m) for m in history(self.conversation.messages[:index])]}}
+            encode(m) for m in history(self.conversation.messages[:index])]}}
 
     # ---------------------------------------------------------------- conversations
 
