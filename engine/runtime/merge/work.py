@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 from engine import wire
 from engine.errors import RefusedError, StudioError
 from engine.formats import merge
-from engine.runtime import service
+from engine.runtime import contention, service
 from engine.runtime.merge.check import CheckRequest, run_check
 from engine.runtime.messages import Progress, Request
 from engine.runtime.service import Job
@@ -169,7 +169,7 @@ def run_merge(request: MergeRequest, progress: ProgressFn, cancelled: CancelChec
 
 def main() -> None:
     """Serve merge and check requests, one at a time (`runtime.service.serve`)."""
-    threads = _threads()
+    threads, _automatic = contention.configured()  # the engine's thread setting
 
     def handle(job: Job) -> dict[str, Any]:
         last = {"stage": "", "at": -1.0}
@@ -193,14 +193,6 @@ def main() -> None:
         return run_check(request, progress, job.cancelled, threads)
 
     service.serve(ChildChannel(), handle, "merge")
-
-
-def _threads() -> int:
-    try:
-        value = int(os.environ.get("VARIANT_STUDIO_THREADS", "0"))
-    except ValueError:
-        value = 0
-    return value if value > 0 else max(1, os.cpu_count() or 1)
 
 
 # ------------------------------------------------------------------------ parent side
