@@ -135,24 +135,20 @@ def shared(parent: Path, key: str, build: Callable[[Path], object],
     """`parent/key`, built once by `build(staging_folder)` (see the module docstring)."""
     from filelock import FileLock
 
-    started = time.monotonic()
     parent.mkdir(parents=True, exist_ok=True)
     final = parent / key
-    try:
-        with FileLock(str(parent / LOCK), timeout=timeout):
-            _hold(parent, key)  # before the check: a pruner needs this lock
-            if not final.is_dir():
-                _prune(parent, keep=key)
-                work = Path(tempfile.mkdtemp(prefix=".building-", dir=parent))
-                try:
-                    build(work)
-                    work.chmod(0o755)  # mkdtemp made it private
-                    work.rename(final)
-                except BaseException:
-                    shutil.rmtree(work, ignore_errors=True)
-                    raise
-    finally:
-        _spent[0] += time.monotonic() - started
+    with counted(), FileLock(str(parent / LOCK), timeout=timeout):
+        _hold(parent, key)  # before the check: a pruner needs this lock
+        if not final.is_dir():
+            _prune(parent, keep=key)
+            work = Path(tempfile.mkdtemp(prefix=".building-", dir=parent))
+            try:
+                build(work)
+                work.chmod(0o755)  # mkdtemp made it private
+                work.rename(final)
+            except BaseException:
+                shutil.rmtree(work, ignore_errors=True)
+                raise
     return final
 
 
