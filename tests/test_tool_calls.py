@@ -26,14 +26,17 @@ ADD = tc.Tool("add", "Add two integers", {
     "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
     "required": ["a", "b"]})
 
-# A Qwen-style template (the real ones are longer; the tool parts are these).
+# A Qwen-style template (the real ones are longer; the tool parts are these): calls as
+# `<tool_call>` tags after any content, one per line, results as `<tool_response>` user
+# turns. Shared with tests/test_training_tools.py.
 HERMES_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}\n"
     "{{ tool | tojson }}{% endfor %}\n</tools>\nCall with <tool_call></tool_call>"
     "<|im_end|>\n{% endif %}"
     "{% for message in messages %}"
     "{% if message.role == 'assistant' and message.tool_calls is defined %}"
-    "<|im_start|>assistant\n{% for call in message.tool_calls %}<tool_call>\n"
+    "<|im_start|>assistant\n{% if message.content %}{{ message.content }}\n{% endif %}"
+    "{% for call in message.tool_calls %}{% if not loop.first %}\n{% endif %}<tool_call>\n"
     '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
     "\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n"

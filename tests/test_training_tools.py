@@ -29,6 +29,7 @@ from engine.training.tokenizer import Tokenizer
 from tests import families
 from tests.engine_helpers import sampling
 from tests.matrix_helpers import run_cli
+from tests.test_tool_calls import HERMES_TEMPLATE
 
 ADD = {"type": "function", "function": {
     "name": "add", "description": "Add two integers",
@@ -62,23 +63,9 @@ def write_lines(path: Path, lines: list[object]) -> Path:
     return path
 
 
-# A Qwen-style template that takes tools (the tool parts of the real ones): calls as
-# `<tool_call>` tags after any content, results as `<tool_response>` user turns.
-HERMES_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for tool in tools %}\n"
-    "{{ tool | tojson }}{% endfor %}\n</tools><|im_end|>\n{% endif %}"
-    "{% for message in messages %}"
-    "{% if message.role == 'assistant' and message.tool_calls is defined %}"
-    "<|im_start|>assistant\n{% if message.content %}{{ message.content }}\n{% endif %}"
-    "{% for call in message.tool_calls %}{% if not loop.first %}\n{% endif %}<tool_call>\n"
-    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
-    "\n</tool_call>{% endfor %}<|im_end|>\n"
-    "{% elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n"
-    "{{ message.content }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endif %}"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-# The same, writing each call's tags without the newline between calls the server's
-# Hermes format has: a turn with two calls cannot be trained for it.
+# The Hermes template of tests/test_tool_calls.py, writing each call's tags without the
+# newline between calls the server's Hermes format has: a turn with two calls cannot be
+# trained for it.
 TIGHT_TEMPLATE = HERMES_TEMPLATE.replace("{% if not loop.first %}\n{% endif %}", "")
 
 
