@@ -122,6 +122,22 @@ def test_an_old_figure_is_not_reported() -> None:
 
 
 @pytest.mark.unit
+def test_an_unreadable_machine_is_tried_once_a_window_not_every_decode() -> None:
+    """Where /proc/stat cannot be read (not Linux) the governor keeps its threads and
+    does not try to read it again before the next window: `threads` runs per token."""
+    machine = FakeMachine()
+    tries = []
+
+    def unreadable() -> None:
+        tries.append(machine.now)
+
+    governor = Governor(2, True, 2, unreadable, lambda: machine.now)
+    used = decode(governor, machine, 1.0, others=1.0)
+    assert set(used) == {2} and governor.load() is None
+    assert len(tries) == round(1.0 / INTERVAL)
+
+
+@pytest.mark.unit
 def test_configured_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VARIANT_STUDIO_THREADS", "3")
     assert contention.configured() == (3, False)

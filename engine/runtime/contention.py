@@ -110,11 +110,14 @@ class Governor:
         self.current = self.max_threads
         self.others: float | None = None  # cores used by others in the last window
         self._last: tuple[float, CpuTimes] | None = None
+        self._due = -math.inf  # when to measure next (once per INTERVAL at most)
 
     def threads(self) -> int:
-        """The threads for the decode about to run (measuring first, when due)."""
+        """The threads for the decode about to run (measuring first, when due: at most
+        once per INTERVAL, also where the machine's figure cannot be read)."""
         now = self._clock()
-        if self._last is None or now - self._last[0] >= INTERVAL:
+        if now >= self._due:
+            self._due = now + INTERVAL
             self._measure(now)
         return self.current if self.adaptive else self.max_threads
 
