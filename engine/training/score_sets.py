@@ -38,7 +38,7 @@ from engine.catalog.resolve import resolve
 from engine.catalog.store import Catalog
 from engine.errors import UsageError
 from engine.formats.safeio import open_regular
-from engine.formats.tool_calls import write_calls
+from engine.formats.tool_calls import answer_text
 from engine.runtime import messages
 from engine.runtime.client import EngineClient
 from engine.runtime.results import ScoreResult
@@ -105,11 +105,9 @@ def _item(record: data.Record) -> messages.ScoreItem:
                                   messages.Prompt(text=record.prompt or ""), record.line)
     last = max(i for i, m in enumerate(record.messages) if m.role == "assistant")
     answer = record.messages[last]
-    target = answer.content
-    if answer.tool_calls:
-        # Expected calls: scored as their generic-format text, judged as calls.
-        calls = write_calls(answer.tool_calls, "generic")
-        target = f"{answer.content}\n{calls}" if answer.content.strip() else calls
+    # Expected calls: scored as their generic-format text (as serving's prompt writes an
+    # earlier turn's calls), judged as calls.
+    target = answer_text(answer, "generic")
     return messages.ScoreItem("chat", target,
                               messages.Prompt(messages=record.messages[:last], chat=True),
                               record.line, answer.tool_calls)
