@@ -308,13 +308,9 @@ class TrainPage(QWidget):
         layout.addWidget(self.advanced_toggle)
         layout.addWidget(self.advanced)
         layout.addStretch(1)
-        self.scroll = QScrollArea()
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setFrameShape(QScrollArea.Shape.NoFrame)
-        self.scroll.setWidget(content)
         # The form scrolls down, never sideways: the splitter keeps it at least as wide
         # as its fields need.
-        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll = _column_scroll(content)
         self.form_content = content
         # Choices are shown whole in their drop-down list; closed, they may elide (their
         # longest item made the form 530 px wide, the plot beside it a strip).
@@ -341,11 +337,7 @@ class TrainPage(QWidget):
         reports_layout.addWidget(self.warnings)
         reports_layout.addWidget(self.served)
         reports_layout.addStretch(1)
-        self.reports = QScrollArea()
-        self.reports.setWidgetResizable(True)
-        self.reports.setFrameShape(QScrollArea.Shape.NoFrame)
-        self.reports.setWidget(reports)
-        self.reports.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.reports = _column_scroll(reports)
         self.reports.setMinimumHeight(60)
         self.run_split = QSplitter(Qt.Orientation.Vertical)
         self.run_split.addWidget(plots)
@@ -777,6 +769,16 @@ def _double(low: float, high: float, value: float, decimals: int, step: float
     spin.setSingleStep(step)
     spin.setValue(value)
     return spin
+
+
+def _column_scroll(content: QWidget) -> QScrollArea:
+    """A frameless area that scrolls `content` down, never sideways."""
+    area = QScrollArea()
+    area.setWidgetResizable(True)
+    area.setFrameShape(QScrollArea.Shape.NoFrame)
+    area.setWidget(content)
+    area.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    return area
 
 
 def _duration(seconds: float) -> str:
