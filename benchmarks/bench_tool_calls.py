@@ -38,13 +38,13 @@ COST_PROMPTS = ["Tell me a long story about a lighthouse keeper.",
 
 
 def expected_calls(path: Path) -> list[tuple[str, str, dict[str, Any]]]:
-    """(request, function name, arguments) of each held-out line."""
-    out = []
-    for line in path.read_text().splitlines():
-        messages = json.loads(line)["messages"]
-        answer = json.loads(messages[-1]["content"])
-        out.append((messages[-2]["content"], answer["tool"], answer["args"]))
-    return out
+    """(request, function name, arguments) of each held-out line, read as the demo's own
+    evaluation reads them (`engine.training.demo`)."""
+    from engine.training import demo as demo_data
+
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [(demo_data.request_of(row), demo_data.expected_call(row)["tool"],
+             demo_data.expected_call(row)["args"]) for row in rows]
 
 
 def accuracy(client: Any, model: str, cases: list[tuple[str, str, dict[str, Any]]],
@@ -64,6 +64,38 @@ def accuracy(client: Any, model: str, cases: list[tuple[str, str, dict[str, Any]
             wrong_name += 1
     return {"exact": right, "of": len(cases), "accuracy": right / len(cases),
             "wrong_function": wrong_name, "median_request_s": median(seconds)}
+
+
+def accuracies(catalog: Any, limit: int, openvino: bool) -> dict[str, Any]:
+    """`accuracy` of the demo variant and its base through a local server, per backend."""
+    import openai
+
+    from engine.catalog.store import AdapterSpec
+    from engine.curated import demo, embedded, openvino_default
+    from engine.serve.config import ServeConfig
+    from engine.serve.server import ServerThread
+
+    models = {"llama.cpp": {"base": embedded.DEFAULT_MODEL_NAME,
+                            "variant": demo.VARIANT_NAME}}
+    if openvino:
+        openvino_default.ensure_default(catalog)
+        catalog.add_variant("tool-calls-openvino", openvino_default.NAME,
+                            [AdapterSpec(demo.ADAPTER_NAME, 1.0)], demo.DEMO_PROFILE)
+        models["openvino"] = {"base": openvino_default.NAME, "variant": "tool-calls-openvino"}
+    cases = expected_calls(demo.resources_dir() / demo.SHIPPED_HELDOUT)[:limit]
+    server = ServerThread(ServeConfig(port=0, max_sessions=2), catalog).start()
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                           timeout=600)
+    results: dict[str, Any] = {}
+    try:
+        for backend, names in models.items():
+            results[backend] = {role: {"model": name, **accuracy(client, name, cases,
+                                                                  demo.TOOLS)}
+                                for role, name in names.items()}
+            print(backend, json.dumps(results[backend]))
+    finally:
+        server.stop()
+    return results
 
 
 def constrained_cost(catalog: Any, base: str, rounds: int) -> dict[str, Any]:
@@ -107,37 +139,13 @@ def main() -> None:
     args = parser.parse_args()
     scratch_home()
 
-    import openai
-
-    from engine.catalog.store import AdapterSpec, Catalog
-    from engine.curated import demo, embedded, openvino_default, setup
-    from engine.serve.config import ServeConfig
-    from engine.serve.server import ServerThread
+    from engine.catalog.store import Catalog
+    from engine.curated import embedded, setup
 
     catalog = Catalog()
     setup.first_run(catalog, with_demo=True)
     base = embedded.DEFAULT_MODEL_NAME
-    models = {"llama.cpp": {"base": base, "variant": demo.VARIANT_NAME}}
-    if not args.no_openvino and not args.cost_only:
-        openvino_default.ensure_default(catalog)
-        catalog.add_variant("tool-calls-openvino", openvino_default.NAME,
-                            [AdapterSpec(demo.ADAPTER_NAME, 1.0)], demo.DEMO_PROFILE)
-        models["openvino"] = {"base": openvino_default.NAME, "variant": "tool-calls-openvino"}
-    cases = expected_calls(demo.resources_dir() / demo.SHIPPED_HELDOUT)[:args.limit]
-    server = ServerThread(ServeConfig(port=0, max_sessions=2), catalog).start()
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                           timeout=600)
-    results: dict[str, Any] = {}
-    if args.cost_only:
-        models = {}
-    try:
-        for backend, names in models.items():
-            results[backend] = {role: {"model": name, **accuracy(client, name, cases,
-                                                                  demo.TOOLS)}
-                                for role, name in names.items()}
-            print(backend, json.dumps(results[backend]))
-    finally:
-        server.stop()
+    results = {} if args.cost_only else accuracies(catalog, args.limit, not args.no_openvino)
     cost = constrained_cost(catalog, base, args.rounds)
     write("tool_calls", {"accuracy": results, "constrained_decoding": cost,
                          "note": "the embedded 135M model and the shipped demo adapter "
