@@ -196,32 +196,31 @@ def library_problems(window: MainWindow, width: int) -> list[str]:
     return problems
 
 
-def check(window: MainWindow, size: QSize, state: str) -> list[str]:
+def fit_problems(widget: QWidget, size: QSize, exact: bool) -> list[str]:
+    """What does not fit `size` in `widget` (settled first): its minimum size, its own
+    size (`exact`: it must be `size`, else at most that), its splitters and labels."""
     settle()
-    where = f"{size.width()}x{size.height()} {state}"
     problems = []
-    hint = window.minimumSizeHint()
+    hint = widget.minimumSizeHint()
     if hint.width() > size.width() or hint.height() > size.height():
-        problems.append(f"the window asks for {hint.width()}x{hint.height()}")
-    if window.size() != size:
-        problems.append(f"the window is {window.width()}x{window.height()}")
-    problems += splitter_problems(window)
-    problems += label_problems(window)
-    problems += library_problems(window, size.width())
-    return [f"{where}: {problem}" for problem in problems]
+        problems.append(f"asks for {hint.width()}x{hint.height()}")
+    if widget.size() != size if exact else (
+            widget.width() > size.width() or widget.height() > size.height()):
+        problems.append(f"is {widget.width()}x{widget.height()}")
+    return problems + splitter_problems(widget) + label_problems(widget)
+
+
+def located(size: QSize, state: str, problems: list[str]) -> list[str]:
+    return [f"{size.width()}x{size.height()} {state}: {problem}" for problem in problems]
+
+
+def check(window: MainWindow, size: QSize, state: str) -> list[str]:
+    problems = fit_problems(window, size, exact=True)
+    return located(size, state, problems + library_problems(window, size.width()))
 
 
 def dialog_problems(dialog: QWidget, size: QSize, state: str) -> list[str]:
-    settle()
-    where = f"{size.width()}x{size.height()} {state}"
-    problems = []
-    hint = dialog.minimumSizeHint()
-    if hint.width() > size.width() or hint.height() > size.height():
-        problems.append(f"asks for {hint.width()}x{hint.height()}")
-    if dialog.width() > size.width() or dialog.height() > size.height():
-        problems.append(f"is {dialog.width()}x{dialog.height()}")
-    problems += splitter_problems(dialog) + label_problems(dialog)
-    return [f"{where}: {problem}" for problem in problems]
+    return located(size, state, fit_problems(dialog, size, exact=False))
 
 
 # --------------------------------------------------------------------------- flows
