@@ -1,6 +1,8 @@
 """Guard rail at run time: every `engine` module imports with Qt blocked (and with
 PyTorch blocked, except the training worker's torch modules,
-`engine.training.TORCH_MODULES`, which are imported last with torch allowed).
+`engine.training.TORCH_MODULES`, which are imported last with torch allowed), and so do
+the GUI's UI-free parts (`GUI_WITHOUT_QT`: the chat and Compare controllers and the
+renderer, which are tested without a window).
 
 The static layering (which room may import which, gui never importing a native
 runtime) is held by import-linter's contracts in pyproject.toml; this script checks
@@ -20,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 QT = ("PySide6", "shiboken6", "qasync", "PyQt5", "PyQt6")
 OPTIONAL = ("torch",)
+GUI_WITHOUT_QT = ("gui.controllers.chat", "gui.controllers.compare",
+                  "gui.controllers.engine_port", "gui.render")
 
 
 class _Block(importlib.abc.MetaPathFinder):
@@ -49,6 +53,12 @@ def main() -> int:
             count += 1
         except ImportError as exc:
             problems.append(f"{module.name} does not import without Qt and torch: {exc}")
+    for name in GUI_WITHOUT_QT:
+        try:
+            importlib.import_module(name)
+            count += 1
+        except ImportError as exc:
+            problems.append(f"{name} does not import without Qt and torch: {exc}")
     block.blocked = QT  # the torch modules: Qt still blocked, torch allowed
     torch_count = 0
     if importlib.util.find_spec("torch") is not None:
@@ -61,7 +71,8 @@ def main() -> int:
     for problem in problems:
         print(f"layering: {problem}", file=sys.stderr)
     if not problems:
-        print(f"layering ok: {count} engine modules import with Qt and torch blocked, "
+        print(f"layering ok: {count} engine and UI-free gui modules import with Qt and "
+              "torch blocked, "
               f"{torch_count} training modules with Qt blocked")
     return 1 if problems else 0
 

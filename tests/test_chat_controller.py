@@ -2,15 +2,13 @@
 the one assembly function (the chat's own system prompt and sampling on top of the
 profile), the answer streamed, recorded and saved, a request the user moved away from
 not heard, regenerate with a new seed keeping the versions, edit and resend as a
-branch, an answer that cannot be asked for, and that the controller, the renderer and
-the engine port import no Qt."""
+branch, and an answer that cannot be asked for. That the controllers and the renderer
+import no Qt is checked with the engine's modules (scripts/check_layering.py)."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,8 @@ from engine.state import conversations, paths
 from gui.controllers.chat import ChatController
 from gui.render import transcript_html
 from tests.gui_helpers import FakeEngine, generation_result
+
+pytestmark = pytest.mark.unit  # no engine process, no widget: the fake or no backend
 
 WARM = {"temperature": 0.9, "max_tokens": 6, "repeat_penalty": 1.0, "seed": 5}
 ROOT = Path(__file__).resolve().parents[1]
@@ -320,16 +320,6 @@ def test_conversations_are_listed_renamed_exported_and_deleted(
     assert [c.title for c in controller.listed] == ["Second chat about the sea"]
     # A replay record gets back the messages it was asked from.
     assert controller.replay_record(1) is None  # none was recorded by the fake engine
-
-
-def test_the_controllers_and_the_renderer_import_no_qt() -> None:
-    code = ("import sys\n"
-            "for name in ('PySide6', 'shiboken6', 'qasync'):\n"
-            "    sys.modules[name] = None\n"
-            "import gui.controllers.chat, gui.controllers.compare, gui.render\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
 
 
 TOOLS_JSON = json.dumps([

@@ -27,6 +27,8 @@ from gui.controllers.compare import (
 )
 from tests.gui_helpers import FakeEngine, generation_result
 
+pytestmark = pytest.mark.unit  # no engine process, no widget: the fake or no backend
+
 
 class Recorder:
     """A view that only writes down what it is told (`CompareListener`)."""
