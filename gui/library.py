@@ -293,6 +293,22 @@ BADGE_COLORS = {
 SIGNED_COLOR = "#1f9d55"  # `signed · KEY` badges
 
 
+ROW_MARGIN = 6  # an entry's row, left and right, inside its rect
+
+
+def name_font(font: QFont) -> QFont:
+    """The font an entry's name is drawn in: the row's, bold."""
+    bold = QFont(font)
+    bold.setBold(True)
+    return bold
+
+
+def name_room(row_width: int) -> int:
+    """The pixels an entry's name has in a row `row_width` wide (the margins, and 4 px
+    that keep it off the edge)."""
+    return row_width - 2 * ROW_MARGIN - 4
+
+
 class BadgeDelegate(QStyledItemDelegate):
     """Draws the name, a subtitle and small coloured badges; problems in red."""
 
@@ -314,7 +330,7 @@ class BadgeDelegate(QStyledItemDelegate):
         if style:
             style.drawControl(QStyle.ControlElement.CE_ItemViewItem, opt, painter, opt.widget)
         painter.save()
-        rect = option.rect.adjusted(6, 3, -6, -3)
+        rect = option.rect.adjusted(ROW_MARGIN, 3, -ROW_MARGIN, -3)
         selected = bool(option.state & QStyle.StateFlag.State_Selected)
         palette = option.palette
         text_color = palette.color(QPalette.ColorRole.HighlightedText if selected
@@ -325,15 +341,13 @@ class BadgeDelegate(QStyledItemDelegate):
         name = index.data(Qt.ItemDataRole.DisplayRole)
         # Line 1: the name, with the row's whole width (a sidebar is narrow, and
         # badges beside the name left it "…"). Line 2: the badges, then the subtitle.
-        font = QFont(option.font)
-        font.setBold(True)
-        painter.setFont(font)
+        painter.setFont(name_font(option.font))
         bold = painter.fontMetrics()
         painter.setPen(QColor("#d23c3c") if problem and not selected else text_color)
         prefix = "⚠ " if problem else ""
         painter.drawText(QRect(rect.left(), rect.top(), rect.width(), line),
                          Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                         prefix + display_name(bold, name, rect.width() - 4 -
+                         prefix + display_name(bold, name, name_room(option.rect.width()) -
                                                bold.horizontalAdvance(prefix)))
         small = QFont(option.font)
         small.setPointSizeF(max(6.5, option.font.pointSizeF() * 0.8))

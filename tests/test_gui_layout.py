@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 from PySide6.QtCore import QSize
-from PySide6.QtGui import QFont, QFontMetrics
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QApplication
 
 from engine.curated.demo import VARIANT_NAME
 from engine.runtime.results import CompareResult
-from gui.library import display_name
+from gui.library import display_name, name_font, name_room
 from gui.main_window import MainWindow
 from tests.gui_helpers import SHORT
 from tests.test_gui_compare import side
@@ -119,9 +119,7 @@ def assert_names_whole(window: MainWindow) -> None:
     tree = window.library.tree
     model = tree.model()
     plain = QFontMetrics(tree.font())
-    font = QFont(tree.font())
-    font.setBold(True)  # entry names are drawn bold
-    bold = QFontMetrics(font)
+    bold = QFontMetrics(name_font(tree.font()))
     names = []
     for section in range(model.rowCount()):
         index = model.index(section, 0)
@@ -131,8 +129,7 @@ def assert_names_whole(window: MainWindow) -> None:
             entry = model.index(row, 0, index)
             name = str(entry.data())
             names.append(name)
-            # The row's rect less the delegate's margins (6 px a side, 4 more).
-            room = tree.visualRect(entry).width() - 16
+            room = name_room(tree.visualRect(entry).width())
             assert bold.horizontalAdvance(name) <= room, (name, room, window.splitter.sizes())
             assert display_name(bold, name, room) == name
     assert "smollm2-135m-instruct-openvino" in names

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import pytest
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QFont, QFontMetrics
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QApplication, QLabel, QScrollArea, QSplitter, QWidget
 
 from engine.curated import demo
@@ -48,7 +48,7 @@ from engine.curated.demo import VARIANT_NAME
 from engine.curated.embedded import DEFAULT_MODEL_NAME
 from engine.serve.app import LogEntry, Pending
 from gui import theme
-from gui.library import display_name
+from gui.library import display_name, name_font, name_room
 from gui.main_window import MainWindow
 from gui.widgets.elided_label import ElidedLabel
 from gui.wizard import Step
@@ -178,16 +178,14 @@ def library_problems(window: MainWindow, width: int) -> list[str]:
     """Names elided though they fit their row; at 1280 px and wider, any name elided."""
     tree = window.library.tree
     model = tree.model()
-    font = QFont(tree.font())
-    font.setBold(True)  # entry names are drawn bold
-    bold = QFontMetrics(font)
+    bold = QFontMetrics(name_font(tree.font()))
     problems = []
     for section in range(model.rowCount()):
         parent = model.index(section, 0)
         for row in range(model.rowCount(parent)):
             entry = model.index(row, 0, parent)
             name = str(entry.data())
-            room = tree.visualRect(entry).width() - 16  # the delegate's margins
+            room = name_room(tree.visualRect(entry).width())
             fits = bold.horizontalAdvance(name) <= room
             if fits and display_name(bold, name, room) != name:
                 problems.append(f"library name {name!r} elided in {room} px, where it fits")
