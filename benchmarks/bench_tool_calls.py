@@ -3,12 +3,13 @@ benchmarks/out/tool_calls.json).
 
 1. Accuracy: each of the demo's 60 held-out requests (resources/demo/heldout.jsonl) is
    sent to `variant-studio serve` with the official `openai` client, with the demo's
-   five tools as OpenAI `tools` (`demo.TOOLS`) and `tool_choice` "required" (one call,
-   greedy), to the demo variant and to its plain base, on llama.cpp and on OpenVINO
-   (the OpenVINO default with the demo adapter's PEFT file). A request counts when the
-   answer's one tool call has exactly the expected function name and arguments
-   (JSON-equal). The constraint guarantees a well-formed call from either model; which
-   call it is, is the model's.
+   five tools as OpenAI `tools` (`demo.TOOLS`), greedy, once with `tool_choice` left to
+   its default "auto" (as an agent framework asks) and once "required" (one call), to
+   the demo variant and to its plain base, on llama.cpp and on OpenVINO (the OpenVINO
+   default with the demo adapter's PEFT file). A request counts when the answer's one
+   tool call has exactly the expected function name and arguments (JSON-equal). Under
+   "required" the constraint guarantees a well-formed call from either model; which
+   call it is, is the model's; under "auto" the model decides whether to call.
 2. The cost of constrained decoding: decode tok/s of the base with and without a JSON
    schema on the same prompts, through the engine, interleaved round by round (aim:
    constrained / free >= 0.9).
@@ -48,22 +49,25 @@ def expected_calls(path: Path) -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def accuracy(client: Any, model: str, cases: list[tuple[str, str, dict[str, Any]]],
-             tools: list[dict[str, Any]]) -> dict[str, Any]:
-    right, wrong_name, seconds = 0, 0, []
+             tools: list[dict[str, Any]], choice: str) -> dict[str, Any]:
+    right, wrong_name, no_call, seconds = 0, 0, 0, []
     for question, name, arguments in cases:
         start = time.perf_counter()
         answer = client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": question}], tools=tools,
-            tool_choice="required", parallel_tool_calls=False, temperature=0, seed=7,
+            tool_choice=choice, parallel_tool_calls=False, temperature=0, seed=7,
             max_tokens=64, extra_body={"repeat_penalty": 1.0})
         seconds.append(time.perf_counter() - start)
         calls = answer.choices[0].message.tool_calls or []
         if len(calls) == 1 and calls[0].function.name == name:
             right += json.loads(calls[0].function.arguments) == arguments
-        else:
+        elif calls:
             wrong_name += 1
+        else:
+            no_call += 1
     return {"exact": right, "of": len(cases), "accuracy": right / len(cases),
-            "wrong_function": wrong_name, "median_request_s": median(seconds)}
+            "wrong_function": wrong_name, "no_call": no_call,
+            "median_request_s": median(seconds)}
 
 
 def accuracies(catalog: Any, limit: int, openvino: bool) -> dict[str, Any]:
@@ -89,9 +93,9 @@ def accuracies(catalog: Any, limit: int, openvino: bool) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         for backend, names in models.items():
-            results[backend] = {role: {"model": name, **accuracy(client, name, cases,
-                                                                  demo.TOOLS)}
-                                for role, name in names.items()}
+            results[backend] = {f"{role} ({choice})": {
+                "model": name, **accuracy(client, name, cases, demo.TOOLS, choice)}
+                for role, name in names.items() for choice in ("auto", "required")}
             print(backend, json.dumps(results[backend]))
     finally:
         server.stop()
@@ -149,7 +153,7 @@ def main() -> None:
     cost = constrained_cost(catalog, base, args.rounds)
     write("tool_calls", {"accuracy": results, "constrained_decoding": cost,
                          "note": "the embedded 135M model and the shipped demo adapter "
-                                 "(real weights); greedy; tool_choice required"})
+                                 "(real weights); greedy; tool_choice auto and required"})
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.catalog import resolve, validation
-from engine.catalog.profiles import DEFAULT_PROFILE
+from engine.catalog.profiles import DEFAULT_PROFILE, TOOL_FORMAT_LABELS, TOOL_FORMATS
 from engine.catalog.store import AdapterSpec, Catalog
 from engine.curated import demo
 from engine.errors import StudioError
@@ -149,6 +149,18 @@ class ComposerDialog(QDialog):
         self.repeat = _double(0.5, 5.0, profile["repeat_penalty"])
         self.max_tokens = _int(1, 32768, profile["max_tokens"])
         self.seed = _int(0, 2**31 - 1, profile["seed"])
+        # The tool-call format its adapters were trained to write (docs/serving.md).
+        self.tool_format = QComboBox()
+        self.tool_format.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.tool_format.addItem("As the base's chat template says", None)
+        for fmt in TOOL_FORMATS:
+            self.tool_format.addItem(TOOL_FORMAT_LABELS[fmt], fmt)
+        self.tool_format.setCurrentIndex(max(0, self.tool_format.findData(
+            profile.get("tool_format"))))
+        self.tool_format.setToolTip("How this variant writes tool calls, for requests with "
+                                    "tools: as its base's chat template says, or the format "
+                                    "its adapter was trained on")
         profile_group = QGroupBox("Profile")
         form = QFormLayout(profile_group)
         form.addRow("System prompt", self.system)
@@ -156,7 +168,8 @@ class ComposerDialog(QDialog):
         form.addRow("Context size", self.n_ctx)
         for label, widget in (("Temperature", self.temperature), ("Top-p", self.top_p),
                               ("Top-k", self.top_k), ("Repeat penalty", self.repeat),
-                              ("Max tokens", self.max_tokens), ("Seed", self.seed)):
+                              ("Max tokens", self.max_tokens), ("Seed", self.seed),
+                              ("Tool calls", self.tool_format)):
             form.addRow(label, widget)
         self.n_ctx.valueChanged.connect(self._preview)
 
@@ -253,7 +266,9 @@ class ComposerDialog(QDialog):
         return {"system_prompt": self.system.toPlainText(), "n_ctx": self.n_ctx.value(),
                 "temperature": self.temperature.value(), "top_p": self.top_p.value(),
                 "top_k": self.top_k.value(), "repeat_penalty": self.repeat.value(),
-                "max_tokens": self.max_tokens.value(), "seed": self.seed.value()}
+                "max_tokens": self.max_tokens.value(), "seed": self.seed.value(),
+                **({"tool_format": self.tool_format.currentData()}
+                   if self.tool_format.currentData() else {})}
 
     def _preview(self) -> None:
         try:

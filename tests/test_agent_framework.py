@@ -45,10 +45,12 @@ WORLD = Recipe(demo=True, max_sessions=2)
 def agent_for(world: World, model: str, tools: list[Any]) -> Agent:
     client = AsyncOpenAI(base_url=f"{world.server.url}/v1", api_key="unused", max_retries=0,
                          timeout=300)
-    return Agent(name="assistant", instructions="Answer with the tools.", tools=tools,
+    # No instructions: the variant's own system prompt, which its adapter was trained
+    # with, is the one served (a request's system message would replace it). No
+    # tool_choice: the SDK's default, "auto".
+    return Agent(name="assistant", tools=tools,
                  model=OpenAIChatCompletionsModel(model=model, openai_client=client),
-                 model_settings=ModelSettings(tool_choice="required", temperature=0,
-                                              max_tokens=60, seed=7))
+                 model_settings=ModelSettings(temperature=0, max_tokens=60, seed=7))
 
 
 async def run_agent(agent: Agent, question: str, stream: bool) -> Any:

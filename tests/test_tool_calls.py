@@ -103,7 +103,34 @@ ANSWERS = {
                 '"unit": "c"}}, {"name": "add", "arguments": {"a": 2, "b": 3}}]'),
     "generic": ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo", '
                 '"unit": "c"}}, {"name": "add", "arguments": {"a": 2, "b": 3}}]}'),
+    "tool-args": ('{"tool": "get_weather", "args": {"city": "Oslo", "unit": "c"}}\n'
+                  '{"tool": "add", "args": {"a": 2, "b": 3}}'),
 }
+
+
+def test_a_declared_format_replaces_the_templates_and_renders_no_tools() -> None:
+    """A profile's `tool-args`: the variant's own system prompt describes its tools (its
+    adapter was trained on that prompt), so the tools are not rendered; its calls in a
+    history are written as it writes them, results as the generic format's."""
+    history = [Message("system", "Reply with one JSON tool call."),
+               Message("user", "Weather in Oslo?"),
+               Message("assistant", "", tool_calls=(ToolCall("call_1", "get_weather",
+                                                             '{"city": "Oslo", "unit": "c"}'),)),
+               Message("tool", "-3 C", tool_call_id="call_1", name="get_weather")]
+    assert tc.chat_format(HERMES_TEMPLATE, history, [WEATHER], "tool-args") == "tool-args"
+    assert tc.chat_format(HERMES_TEMPLATE, history[:2], None, "tool-args") is None
+    messages, tools = tc.prepare(history, [WEATHER, ADD], "tool-args")
+    assert tools is None
+    assert messages[0] == history[0]  # no tools section
+    assert json.loads(messages[2].content) == {"tool": "get_weather",
+                                               "args": {"city": "Oslo", "unit": "c"}}
+    assert json.loads(messages[3].content)["tool_response"]["content"] == "-3 C"
+    text = tc.render_chat(CHATML, history, [WEATHER], declared="tool-args")
+    assert "get_weather" not in text.split("<|im_start|>user")[0]
+    # The lazy grammar starts at the format's own trigger, and the call parses.
+    grammar = tc.grammar(tc.Constraint(tool_choice="auto"), [WEATHER], "tool-args")
+    assert grammar is not None and '"{\\"tool\\""' in grammar
+    assert tc.split('{"tool_calls": []}', "tool-args", "s")[1] == []
 
 
 @pytest.mark.parametrize("fmt", tc.FORMATS)

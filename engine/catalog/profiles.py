@@ -1,7 +1,9 @@
 """A variant's runtime profile and the sampling settings of one request.
 
 A profile is what a variant stores besides its base and adapters: a system prompt, a
-context size and default sampling. `Sampling` is the frozen value a request carries to
+context size, default sampling, and optionally the tool-call format its adapter was
+trained to write (`tool_format`, one of `engine.formats.tool_calls.FORMATS`; absent:
+the base's chat template decides). `Sampling` is the frozen value a request carries to
 the engine. Both are checked against the one table of limits below, so a profile can
 never hold a value a request would refuse.
 """
@@ -13,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine.errors import UsageError
+from engine.formats.tool_calls import FORMAT_LABELS, FORMATS
 
 # setting -> (type, lowest, highest)
 LIMITS: dict[str, tuple[type, float, float]] = {
@@ -26,6 +29,8 @@ LIMITS: dict[str, tuple[type, float, float]] = {
 }
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repeat_penalty", "seed", "max_tokens")
 MAX_SYSTEM_PROMPT = 100_000
+TOOL_FORMATS = FORMATS
+TOOL_FORMAT_LABELS = FORMAT_LABELS
 
 DEFAULT_PROFILE: dict[str, Any] = {
     "system_prompt": "",
@@ -59,6 +64,10 @@ def check_profile(profile: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(value, str) or len(value) > MAX_SYSTEM_PROMPT:
                 raise UsageError(f"system_prompt must be text (at most {MAX_SYSTEM_PROMPT} "
                                  "characters)")
+            out[key] = value
+        elif key == "tool_format":
+            if value not in TOOL_FORMATS:
+                raise UsageError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}")
             out[key] = value
         elif key in LIMITS:
             out[key] = check_value(key, value)

@@ -76,6 +76,8 @@ class SessionSpec:
     # (only sent when an adapter's signature is to be checked).
     policy: str = "off"
     trusted: tuple[TrustedKey, ...] = ()
+    # The tool-call format the profile declares (None: the base's template decides).
+    tool_format: str | None = None
 
     @property
     def backend(self) -> str:
@@ -84,7 +86,8 @@ class SessionSpec:
     def base_spec(self) -> SessionSpec:
         """The same base with no adapters (for side-by-side comparison)."""
         return SessionSpec(self.base_name, "model", self.identity.base_only(), self.base_name,
-                           self.base_path, (), self.system_prompt)
+                           self.base_path, (), self.system_prompt,
+                           tool_format=self.tool_format)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,6 +96,7 @@ class SessionSpec:
             "adapters": [a.to_dict() for a in self.adapters],
             "system_prompt": self.system_prompt, "policy": self.policy,
             "trusted": [k.to_dict() for k in self.trusted],
+            "tool_format": self.tool_format,
         }
 
     @staticmethod
@@ -105,6 +109,7 @@ class SessionSpec:
             adapters=tuple(AdapterFile.from_dict(a) for a in data["adapters"]),
             system_prompt=data["system_prompt"], policy=str(data.get("policy", "off")),
             trusted=tuple(TrustedKey.from_dict(k) for k in data.get("trusted") or ()),
+            tool_format=data.get("tool_format"),
         )
 
 
@@ -141,8 +146,10 @@ def resolve(catalog: Reader, name: str, n_ctx: int | None = None,
         )
         if not any(a.signing for a in adapters):
             trusted = ()
+    settings = profile(catalog, name)
     return SessionSpec(name, kind, ident, base["name"], base_path, adapters,
-                       profile(catalog, name).get("system_prompt", ""), policy, trusted)
+                       settings.get("system_prompt", ""), policy, trusted,
+                       settings.get("tool_format"))
 
 
 def profile(catalog: Reader, name: str) -> dict[str, Any]:

@@ -57,9 +57,14 @@ DEMO_SETTINGS: dict[str, Any] = {
 # The prose the demo's KL penalty holds the adapter to the base on (resources/demo/):
 # twenty paragraphs on other subjects, none of them the drift check's.
 DEMO_KL_TEXT = "kl_prose.txt"
-# The demo variant's profile: greedy, so the comparison view shows the adapter's effect.
+# The demo variant's profile: greedy, so the comparison view shows the adapter's effect;
+# the tool-call format its adapter was trained to write (`{"tool": NAME, "args": {...}}`,
+# the tools described by its system prompt), so a request with OpenAI `tools` gets real
+# `tool_calls` back (docs/serving.md, "The demo variant").
+TOOL_FORMAT = "tool-args"
 DEMO_PROFILE: dict[str, Any] = {"system_prompt": SYSTEM_PROMPT, "temperature": 0.0,
-                                "max_tokens": 64, "repeat_penalty": 1.0}
+                                "max_tokens": 64, "repeat_penalty": 1.0,
+                                "tool_format": TOOL_FORMAT}
 
 SHIPPED_ADAPTER = "adapter.gguf"
 SHIPPED_PROVENANCE = "provenance.json"
@@ -169,6 +174,25 @@ def adopt_signature(catalog: Catalog) -> bool:
             catalog.state.update(note)
             adopted = True
     return adopted
+
+
+def adopt_tool_format(catalog: Catalog) -> bool:
+    """A demo variant seeded before profiles declared a tool-call format gets the
+    demo's (`TOOL_FORMAT`), when its profile still has the demo's system prompt and no
+    format (a user's edits are kept). True if it was adopted."""
+    def declare(data: dict) -> dict:
+        variant = data.get("variants", {}).get(VARIANT_NAME)
+        profile = variant.get("profile") if isinstance(variant, dict) else None
+        if (isinstance(profile, dict) and variant.get("curated")
+                and profile.get("system_prompt") == SYSTEM_PROMPT
+                and "tool_format" not in profile):
+            profile["tool_format"] = TOOL_FORMAT
+            adopted.append(True)
+        return data
+
+    adopted: list[bool] = []
+    catalog.state.update(declare)
+    return bool(adopted)
 
 
 def attach_heldout(catalog: Catalog) -> None:

@@ -26,6 +26,7 @@ def first_run(catalog: Catalog, with_demo: bool = False) -> bool:
         catalog.data()  # sets a corrupt file aside, raises for an unknown layout
         if catalog.exists():
             demo.adopt_signature(catalog)  # a demo seeded before signatures existed
+            demo.adopt_tool_format(catalog)  # ... or before profiles declared formats
             return False
     record = _embedded_record()
     created = False

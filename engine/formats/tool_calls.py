@@ -10,7 +10,13 @@ chat template (`detect`), which is what the model was trained to answer:
   (optionally after `<|python_tag|>`), calls separated by `; `;
 - `bracketed` (Mistral, Mixtral): `[TOOL_CALLS][{"name": "f", "arguments": {...}}, ...]`;
 - `generic` (any template that takes no tools: SmolLM2, Gemma, Phi-3, ...): the whole
-  answer is `{"tool_calls": [{"name": "f", "arguments": {...}}, ...]}`.
+  answer is `{"tool_calls": [{"name": "f", "arguments": {...}}, ...]}`;
+- `tool-args`, which no template speaks and only a variant's profile declares (its
+  `tool_format`): the whole answer is `{"tool": "f", "args": {...}}` (calls one per
+  line), the format of an adapter trained on its own prompt (the shipped demo's).
+
+A profile's `tool_format` replaces what the template says (`chat_format(declared=)`):
+a variant whose adapter was trained to write another format than its base's.
 
 Rendering (`prepare`): a template that takes `tools` (and is one of the first three
 formats) gets the tools and the conversation's tool calls and results as Hugging Face
@@ -18,7 +24,9 @@ passes them, and renders them itself. Any other template gets the **generic form
 system section listing each tool's JSON schema and saying how to call them (`GENERIC_
 INSTRUCTIONS`), assistant tool calls written as the JSON object above, and tool results
 as user messages `{"tool_response": {"name": ..., "tool_call_id": ..., "content": ...}}`.
-Either way the result is messages for the one renderer, `engine.formats.templates`
+A declared `tool-args` variant's own system prompt describes its tools (its adapter
+was trained on that prompt), so its tools are not rendered: they only constrain and
+parse the answer. Either way the result is messages for the one renderer, `engine.formats.templates`
 (sandboxed), called from `engine.runtime.prompting`.
 
 Parsing (`CallParser`): fed the answer's text as it streams, it returns the text that is
@@ -47,7 +55,15 @@ from engine import wire
 from engine.errors import RefusedError
 from engine.formats.templates import Message, ToolCall, plain_prompt, render
 
-FORMATS = ("hermes", "llama3", "bracketed", "generic")
+FORMATS = ("hermes", "llama3", "bracketed", "generic", "tool-args")
+# Each format in a few words, for a person choosing a variant's (the composer).
+FORMAT_LABELS = {
+    "hermes": "Hermes / Qwen: <tool_call> tags",
+    "llama3": "Llama 3.x: a JSON call as the answer",
+    "bracketed": "Mistral: [TOOL_CALLS] and a JSON list",
+    "generic": 'Generic: {"tool_calls": [...]}, tools listed in the system prompt',
+    "tool-args": '{"tool": NAME, "args": {...}}, tools described by your system prompt',
+}
 MAX_TOOLS = 128
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # JSON in a grammar: one space after ':' and ',' (as json.dumps writes it), no newlines,
@@ -119,8 +135,8 @@ class Constraint(wire.Wire):
 @dataclass(frozen=True)
 class Syntax:
     """How a format writes a group of calls: `opener` then calls joined by `separator`
-    then `closer`; a call is `{"name": "...", "<args_key>": {...}}`. `trigger` is the
-    start of `opener` (or of the first call) that tells a call is coming; `anchored`:
+    then `closer`; a call is `{"<name_key>": "...", "<args_key>": {...}}`. `trigger` is
+    the start of `opener` (or of the first call) that tells a call is coming; `anchored`:
     only at the start of the answer (after whitespace)."""
 
     opener: str
@@ -129,6 +145,12 @@ class Syntax:
     args_key: str
     trigger: str
     anchored: bool
+    name_key: str = "name"
+
+    @property
+    def call_head(self) -> str:
+        """A call's text up to its function's name."""
+        return '{"' + self.name_key + '": "'
 
 
 SYNTAX = {
@@ -137,8 +159,8 @@ SYNTAX = {
     "llama3": Syntax("", "; ", "", "parameters", '{"name"', True),
     "bracketed": Syntax("[TOOL_CALLS][", ", ", "]", "arguments", "[TOOL_CALLS]", False),
     "generic": Syntax('{"tool_calls": [', ", ", "]}", "arguments", '{"tool_calls"', True),
+    "tool-args": Syntax("", "\n", "", "args", '{"tool"', True, name_key="tool"),
 }
-CALL_HEAD = '{"name": "'
 
 
 def detect(template: str | None) -> str:
@@ -167,7 +189,8 @@ def call_json(call: ToolCall, fmt: str) -> str:
         arguments: Any = json.loads(call.arguments)
     except (ValueError, RecursionError):
         arguments = call.arguments
-    return json.dumps({"name": call.name, SYNTAX[fmt].args_key: arguments},
+    syntax = SYNTAX[fmt]
+    return json.dumps({syntax.name_key: call.name, syntax.args_key: arguments},
                       ensure_ascii=False)
 
 
@@ -188,20 +211,21 @@ def prepare(messages: Sequence[Message], tools: Sequence[Tool], fmt: str
 
     A native format renders the tools and the calls itself (`tools` returned for the
     template); the generic format gets its system section, calls written as text and
-    results as user messages (no `tools`: the template never sees them)."""
-    if fmt != "generic":
+    results as user messages (no `tools`: the template never sees them); `tool-args`
+    the same without the section (the variant's system prompt describes its tools)."""
+    if fmt not in ("generic", "tool-args"):
         return list(messages), [t.openai() for t in tools] if tools else None
     out: list[Message] = []
     for message in messages:
         if message.role == "assistant" and message.tool_calls:
-            out.append(Message("assistant", answer_text(message, "generic")))
+            out.append(Message("assistant", answer_text(message, fmt)))
         elif message.role == "tool":
             out.append(Message("user", json.dumps({"tool_response": {
                 "name": message.name, "tool_call_id": message.tool_call_id,
                 "content": message.content}}, ensure_ascii=False)))
         else:
             out.append(Message(message.role, message.content))
-    if tools:
+    if tools and fmt == "generic":
         section = generic_section(tools)
         if out and out[0].role == "system":
             out[0] = Message("system", f"{out[0].content}\n\n{section}" if out[0].content
@@ -222,24 +246,25 @@ def answer_text(message: Message, fmt: str) -> str:
 
 
 def chat_format(template: str | None, messages: Sequence[Message],
-                tools: Sequence[Tool] | None) -> str | None:
+                tools: Sequence[Tool] | None, declared: str | None = None) -> str | None:
     """The tool-call format a conversation is rendered and answered in (None: it has no
-    tools, tool calls or tool results; `generic` when the template takes no tools)."""
+    tools, tool calls or tool results): the profile's `declared` one, else the
+    template's (`generic` when it takes no tools)."""
     if not tools and not any(m.role == "tool" or m.tool_calls for m in messages):
         return None
-    return detect(template)
+    return declared or detect(template)
 
 
 def render_chat(template: str | None, messages: Sequence[Message],
                 tools: Sequence[Tool] | None, *, bos_token: str = "", eos_token: str = "",
-                add_generation_prompt: bool = True) -> str:
+                add_generation_prompt: bool = True, declared: str | None = None) -> str:
     """A conversation (with its tools, calls and results) as the prompt's text: `prepare`
     for its format, then the sandboxed template (a plain transcript without one).
 
     The one rendering of chats: serving (`engine.runtime.prompting`) and training
     (`engine.training.tokenizer`) both call it, so a variant trained on a conversation
     sees the same text when that conversation is served."""
-    fmt = chat_format(template, messages, tools)
+    fmt = chat_format(template, messages, tools, declared)
     rendered_tools = None
     if fmt is not None:
         messages, rendered_tools = prepare(messages, tools or (), fmt)
@@ -264,7 +289,7 @@ def _literal(text: str) -> str:
 
 
 def _tail_head(name: str, key: str) -> str:
-    """A call's text after `{"name": "`, up to its arguments."""
+    """A call's text after its name's opening quote, up to its arguments."""
     return name + '", "' + key + '": '
 
 
@@ -298,7 +323,7 @@ def grammar(constraint: Constraint, tools: Sequence[Tool], fmt: str) -> str | No
     rules = [f"tail_{i}: {_literal(_tail_head(t.name, syntax.args_key))} "
              f"{_json_rule(t.schema())} {_literal('}')}" for i, t in enumerate(chosen)]
     rules.append("tail: " + " | ".join(f"tail_{i}" for i in range(len(chosen))))
-    rules.append(f"call: {_literal(CALL_HEAD)} tail")
+    rules.append(f"call: {_literal(syntax.call_head)} tail")
     more = f"({_literal(syntax.separator)} call)*" if constraint.parallel_tool_calls else ""
     closer = _literal(syntax.closer) if syntax.closer else ""
     if choice != "auto":
@@ -306,7 +331,7 @@ def grammar(constraint: Constraint, tools: Sequence[Tool], fmt: str) -> str | No
         rules.insert(0, f"start: {opener} call {more} {closer}")
         return "\n".join(rules) + "\n"
     # Lazy: free text until the model writes the trigger, then the calls.
-    after = (syntax.opener + CALL_HEAD)[len(syntax.trigger):]
+    after = (syntax.opener + syntax.call_head)[len(syntax.trigger):]
     first = f"{_literal(after)} tail" if after else "tail"
     head = ["%llguidance {}"]
     if response is not None:
@@ -334,8 +359,10 @@ class CallDelta(wire.Wire):
     name: str | None = field(default=None, metadata=wire.OMIT_NONE)
 
 
-_CLOSERS = {"hermes": "</tool_call>", "bracketed": "]", "generic": "]", "llama3": ""}
-_SEPARATORS = {"hermes": "", "bracketed": ",", "generic": ",", "llama3": ";"}
+_CLOSERS = {"hermes": "</tool_call>", "bracketed": "]", "generic": "]", "llama3": "",
+            "tool-args": ""}
+_SEPARATORS = {"hermes": "", "bracketed": ",", "generic": ",", "llama3": ";",
+               "tool-args": ""}
 
 
 class CallParser:
@@ -407,14 +434,15 @@ class CallParser:
                 stripped = stripped[len("<|python_tag|>"):].lstrip()
                 if not stripped and not final:
                     return False
+            key = '"' + self.syntax.name_key + '"'
             pattern = (r'\{\s*"tool_calls"\s*:\s*\[' if self.fmt == "generic"
-                       else r'\{\s*"name"')
+                       else r'\{\s*' + key)
             match = re.match(pattern, stripped)
             if match:
                 self.buf = stripped[match.end():] if self.fmt == "generic" else stripped
                 self.in_calls, self.after_generic = True, self.fmt == "generic"
                 return True
-            prefix = SYNTAX["generic"].opener if self.fmt == "generic" else '{"name"'
+            prefix = self.syntax.opener if self.fmt == "generic" else "{" + key
             if not final and _maybe_prefix(stripped, prefix):
                 return False
             return self._emit_all(shown)
@@ -470,7 +498,7 @@ class CallParser:
             # Not a call: what follows is plain text again.
             self.in_calls = False
             return True
-        walk = _walk_object(self.buf)
+        walk = _walk_object(self.buf, self.syntax.name_key)
         if walk.error:
             self.in_calls = False
             return True
@@ -513,7 +541,7 @@ class CallParser:
             value = json.loads(body)
         except (ValueError, RecursionError):
             value = None
-        name = value.get("name") if isinstance(value, dict) else None
+        name = value.get(self.syntax.name_key) if isinstance(value, dict) else None
         if not isinstance(name, str):
             shown.append(body)  # an object that is not a call: shown as text
             self.current = None
@@ -613,8 +641,9 @@ def _value_end(text: str, i: int) -> int | None:
     return j if j < len(text) else None
 
 
-def _walk_object(text: str) -> _Walk:
-    """What is known of the JSON object at the start of `text` (which may be cut)."""
+def _walk_object(text: str, name_key: str) -> _Walk:
+    """What is known of the JSON object at the start of `text` (which may be cut); its
+    function's name is under `name_key`."""
     walk = _Walk()
     i = 1
     while True:
@@ -648,13 +677,13 @@ def _walk_object(text: str) -> _Walk:
         if i >= len(text):
             return walk
         end = _value_end(text, i)
-        if key == "name" and end is not None and text[i] == '"':
+        if key == name_key and end is not None and text[i] == '"':
             try:
                 walk.name = json.loads(text[i:end])
             except ValueError:
                 walk.error = True
                 return walk
-        if key in ("arguments", "parameters") and walk.args_start is None:
+        if key in ("arguments", "parameters", "args") and walk.args_start is None:
             walk.args_start, walk.args_end = i, end
             walk.name_before_args = walk.name is not None
         if end is None:

@@ -34,7 +34,8 @@ def parse_any(text: str) -> tuple[ToolCall, ...] | None:
     """The tool calls `text` makes in any known format (None: it makes none)."""
     if not text or len(text) > MAX_PARSED_CHARS:
         return None
-    for fmt in FORMATS:
+    # `tool-args` is left to the bare reading, which is stricter about a call's keys.
+    for fmt in (f for f in FORMATS if f != "tool-args"):
         # The seed only names the calls' ids, which comparisons ignore.
         _content, calls = split(text, fmt, "parse")
         if calls:

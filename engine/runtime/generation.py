@@ -191,7 +191,7 @@ class GenerationTask:
         for name, spec in self.wanted:
             resident = self.registry.resident(spec, self.cancelled)
             tokens = prompting.prompt_tokens(resident.model, resident.info, spec, self.prompt)
-            fmt = prompting.tool_format(resident.info, self.prompt)
+            fmt = prompting.tool_format(resident.info, spec, self.prompt)
             try:
                 # Compiled before a session is taken: a grammar that does not compile is
                 # refused, never served unconstrained.

@@ -33,7 +33,8 @@ def prompt_tokens(model: ResidentModel, info: BaseModelInfo, spec: SessionSpec,
         # The one chat rendering, shared with training (`tool_calls.render_chat`).
         text = tool_calls.render_chat(info.chat_template, messages, prompt.tools,
                                       bos_token=special(model, info.bos_token_id),
-                                      eos_token=special(model, info.eos_token_id))
+                                      eos_token=special(model, info.eos_token_id),
+                                      declared=spec.tool_format)
     else:
         if not prompt.text:
             raise RefusedError("empty prompt")
@@ -46,10 +47,12 @@ def prompt_tokens(model: ResidentModel, info: BaseModelInfo, spec: SessionSpec,
     return tokens
 
 
-def tool_format(info: BaseModelInfo, prompt: Prompt) -> str | None:
+def tool_format(info: BaseModelInfo, spec: SessionSpec, prompt: Prompt) -> str | None:
     """The tool-call format `prompt` is rendered and answered in (None: it has no tools,
-    tool calls or tool results; `generic` without a template that takes tools)."""
-    return tool_calls.chat_format(info.chat_template, prompt.messages, prompt.tools)
+    tool calls or tool results): the profile's, else the template's (`generic` without
+    a template that takes tools)."""
+    return tool_calls.chat_format(info.chat_template, prompt.messages, prompt.tools,
+                                  spec.tool_format)
 
 
 def text_tokens(model: ResidentModel, info: BaseModelInfo, text: str) -> list[int]:

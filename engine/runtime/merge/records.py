@@ -114,7 +114,8 @@ def temporary_spec(src: MergeSource, path: Path, sha256: str, name: str) -> Sess
             base_identity.bos_policy:
         raise RefusedError("the merged file's BOS policy differs from its base's")
     identity = replace(base_identity, base_name=name, base_sha256=sha256)
-    return SessionSpec(name, "model", identity, name, str(path), (), src.system_prompt)
+    return SessionSpec(name, "model", identity, name, str(path), (), src.system_prompt,
+                       tool_format=src.profile.get("tool_format"))
 
 
 def merged_from(src: MergeSource, report: dict[str, Any], erased: bool) -> dict[str, Any]:
