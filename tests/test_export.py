@@ -216,6 +216,8 @@ def test_llama_server_export_files(home: Path, tmp_path: Path,
     readme = (out / "README.md").read_text()
     assert "26207" in readme and '"cache_prompt": false' in readme
     assert base["sha256"] in readme and "--copy-base" in readme
+    # The demo's declared tool-call format has no counterpart there: the README says so.
+    assert "`tool-args`" in readme and "returns them as text" in readme
 
 
 def test_copy_base_puts_the_verified_base_in_the_folder(home: Path, tmp_path: Path,

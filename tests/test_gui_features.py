@@ -423,13 +423,16 @@ def fill_profile(dialog, profile: dict) -> None:
     dialog.repeat.setValue(profile["repeat_penalty"])
     dialog.max_tokens.setValue(profile["max_tokens"])
     dialog.seed.setValue(profile["seed"])
+    dialog.tool_format.setCurrentIndex(dialog.tool_format.findData(
+        profile.get("tool_format")))
 
 
 def shown_profile(dialog) -> dict:
     return {"system_prompt": dialog.system.toPlainText(), "n_ctx": dialog.n_ctx.value(),
             "temperature": dialog.temperature.value(), "top_p": dialog.top_p.value(),
             "top_k": dialog.top_k.value(), "repeat_penalty": dialog.repeat.value(),
-            "max_tokens": dialog.max_tokens.value(), "seed": dialog.seed.value()}
+            "max_tokens": dialog.max_tokens.value(), "seed": dialog.seed.value(),
+            **({"tool_format": fmt} if (fmt := dialog.tool_format.currentData()) else {})}
 
 
 def test_composer_profile_is_saved_shown_again_and_served(home: Path, open_window,
@@ -449,7 +452,9 @@ def test_composer_profile_is_saved_shown_again_and_served(home: Path, open_windo
     assert shown_profile(editing) == PROFILE
     assert [(s.name, s.scale) for s in editing.specs()] == [("a", 1.0)]
     assert resolve.identity(Catalog(), "french").key in editing.identity.text()
-    changed = dict(PROFILE, top_k=23, system_prompt="Answer in German.")
+    # The tool-call format its adapter writes (`tool_format`) is kept and shown too.
+    changed = dict(PROFILE, top_k=23, system_prompt="Answer in German.",
+                   tool_format="tool-args")
     fill_profile(editing, changed)
     editing.save()
     assert Catalog().variant("french")["profile"] == changed

@@ -163,11 +163,16 @@ def test_calls_without_tools_are_scoreable_but_not_trainable(tmp_path: Path,
     with pytest.raises(data_mod.DataError, match="line 1: assistant tool_calls need the "
                                                  "line's tools"):
         data_mod.encode(records, tokenizer, 512, False)
-    # A score set with tools is refused by name (scoring renders no tools yet).
-    tools = write_lines(tmp_path / "s.jsonl", [tool_line()])
-    with pytest.raises(data_mod.DataError, match="line 1: lines with tools can be trained "
-                                                 "but not scored yet"):
-        score_sets.read_set(tools)
+    # A score set's line keeps its tools, rendered into the scored prompt as served.
+    tools = write_lines(tmp_path / "s.jsonl", [tool_line(), {
+        "tools": [WEATHER], "messages": [
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": None,
+             "tool_calls": [call("get_weather", {"city": "Oslo"}, "w1")]}]}])
+    first, second = score_sets.read_set(tools).items
+    assert [t.name for t in first.prompt.tools or ()] == ["add", "get_weather"]
+    assert first.tool_calls is None and first.target == "2 plus 3 is 5."
+    assert [c.name for c in second.tool_calls or ()] == ["get_weather"]
 
 
 # ---------------------------------------------------------------------------- rendering
@@ -191,7 +196,7 @@ class Served:
 def served_tokens(tok: Tokenizer, messages: list[Message], tools: Any) -> list[int]:
     """The prompt tokens of a served chat request with these messages and tools, through
     serving's own prompt path (no profile system prompt, as the data gives it)."""
-    spec = SimpleNamespace(system_prompt=None,
+    spec = SimpleNamespace(system_prompt=None, tool_format=None,
                            identity=SimpleNamespace(context=SimpleNamespace(n_ctx=4096)))
     prompt = Prompt(messages=tuple(messages), chat=True, system="", tools=tools)
     return prompting.prompt_tokens(Served(tok), tok.info, spec, prompt)  # type: ignore[arg-type]
@@ -331,3 +336,9 @@ def test_a_tools_file_trains_and_its_variant_is_served_with_tools(
     # calls it makes are whole calls to the offered tool).
     assert isinstance(answer["content"], str)
     assert all(c["name"] == "add" for c in answer.get("tool_calls") or ())
+    # The same file scores, tools and all: its one call turn is judged as a call.
+    code, out, err = run_cli(capsys, "score", "fixture-llama", "caller", "--data",
+                             str(path), "--json")
+    assert code == 0, err[-3000:]
+    for scored in json.loads(out)["results"]:
+        assert scored["tool_call_items"] == 1 and scored["exact_items"] == 4, scored

@@ -18,6 +18,7 @@ from engine.catalog.store import Catalog
 from engine.errors import ContextOverflowError, RefusedError
 from engine.formats import artifacts
 from engine.formats.templates import Message, ToolCall
+from engine.formats.tool_calls import write_calls
 from engine.runtime import messages as m
 from engine.runtime import scoring
 from engine.runtime.adapters import AdapterManager
@@ -161,6 +162,21 @@ def test_tool_call_items_are_decoded_whole_and_judged_as_calls(
     assert (result.exact_items, result.exact_matches) == (4, 0)
     # Kept with a result's JSON and read back.
     assert ScoreResult.from_dict(result.to_dict()).tool_call_exact == result.tool_call_exact
+
+
+def test_a_tool_call_target_is_written_in_the_scored_models_format() -> None:
+    """The set holds an answer's calls in the generic format; each model is scored on
+    them as it writes them (its template's format, or its profile's), content first."""
+    calls = (ToolCall("call_0", "add", '{"a": 1}'),)
+    generic = write_calls(calls, "generic")
+    asked = m.Prompt(messages=(Message("user", "Add."),), chat=True)
+    item = m.ScoreItem("chat", generic, asked, 1, calls)
+    assert scoring.served_target(item, "generic") == generic
+    assert scoring.served_target(item, "hermes") == (
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>')
+    assert scoring.served_target(item, "tool-args") == '{"tool": "add", "args": {"a": 1}}'
+    said = m.ScoreItem("chat", f"Adding.\n{generic}", asked, 2, calls)
+    assert scoring.served_target(said, "hermes").startswith("Adding.\n<tool_call>")
 
 
 def test_a_set_without_tool_calls_has_no_tool_call_figure(

@@ -22,6 +22,7 @@ from engine.catalog import digest, resolve
 from engine.catalog.store import Catalog
 from engine.errors import RefusedError, UsageError
 from engine.formats import artifacts, lora_io, naming
+from engine.formats.tool_calls import FORMAT_LABELS
 from engine.state import paths
 
 Progress = Callable[[str], None]
@@ -218,6 +219,15 @@ def readme_header(plan: Plan, target: str) -> str:
             "```text",
             str(system),
             "```",
+            "",
+        ]
+    if plan.profile.get("tool_format"):
+        lines += [
+            f"The variant writes **tool calls** in a format its profile declares "
+            f"(`{plan.profile['tool_format']}`: "
+            f"{FORMAT_LABELS.get(str(plan.profile['tool_format']), '?')}), not in the one "
+            "its base's chat template names. This server parses calls by the template, so "
+            "it returns them as text: read them from the answer's content yourself.",
             "",
         ]
     lines += [

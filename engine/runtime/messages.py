@@ -192,7 +192,9 @@ class ScoreItem(wire.Wire):
     included, no profile system prompt added) then `target`, the last assistant turn.
     `line` is where the item came from (1-based; 0 when it came from nowhere).
     `tool_calls`: the calls the answer must make (the data's assistant `tool_calls`;
-    `target` is then their text); a target that parses as tool calls is one too."""
+    `target` is then the answer in the generic format, which scoring rewrites in the
+    format the scored model is served in); a target that parses as tool calls is one
+    too."""
 
     kind: Literal["text", "pair", "chat"]
     target: Annotated[str, wire.Size(1, None)]

@@ -42,7 +42,8 @@ import numpy as np
 from engine.catalog.profiles import Sampling
 from engine.catalog.resolve import SessionSpec
 from engine.errors import Cancelled, ContextOverflowError, RefusedError, StudioError
-from engine.formats.templates import ToolCall
+from engine.formats.templates import Message, ToolCall
+from engine.formats.tool_calls import answer_text, write_calls
 from engine.formats.tool_match import parse_any, same_calls
 from engine.runtime import prompting
 from engine.runtime.backend import Context, ResidentModel, TextStream
@@ -73,6 +74,8 @@ class Prepared:
     exact: bool  # does exact match apply (a pair or chat item with a prompt)
     # The calls the answer must make (None: not a tool-call item).
     calls: tuple[ToolCall, ...] | None = None
+    # A tool-call item's answer as the scored model writes it (`served_target`).
+    served: str | None = None
 
 
 def _line(item: ScoreItem) -> str:
@@ -109,10 +112,15 @@ def _tokenize(registry: SessionRegistry, spec: SessionSpec, item: ScoreItem,
     if item.kind == "chat":
         if not item.prompt.messages:
             raise RefusedError("a chat item needs the messages before its answer")
-        # The conversation as the data gives it: no profile system prompt is added,
-        # so the base and every variant score the same tokens.
-        prompt = prompting.prompt_tokens(
-            model, info, spec, Prompt(messages=item.prompt.messages, chat=True, system=""))
+        # The conversation as the data gives it (with its tools): no profile system
+        # prompt is added, so the base and every variant score the same conversation.
+        chat = Prompt(messages=item.prompt.messages, chat=True, system="",
+                      tools=item.prompt.tools)
+        prompt = prompting.prompt_tokens(model, info, spec, chat)
+        if item.tool_calls:
+            served = served_target(item, prompting.tool_format(info, spec, chat) or "generic")
+            return Prepared(item, prompt, prompting.answer_tokens(model, served), True,
+                            item.tool_calls, served)
     elif item.kind == "text":
         ids = prompting.text_tokens(model, info, item.target)
         return Prepared(item, ids[:1], ids[1:], False)
@@ -123,6 +131,15 @@ def _tokenize(registry: SessionRegistry, spec: SessionSpec, item: ScoreItem,
     if not prompt:  # an empty prompt: the first token has nothing to predict it
         return Prepared(item, target[:1], target[1:], False)
     return Prepared(item, prompt, target, True, item.tool_calls or parse_any(item.target))
+
+
+def served_target(item: ScoreItem, fmt: str) -> str:
+    """A tool-call item's answer as a model served in format `fmt` writes it (the item
+    holds it in the generic format: its content, then its calls on a line of their own)."""
+    assert item.tool_calls
+    calls = write_calls(item.tool_calls, "generic")
+    content = item.target.removesuffix(calls).removesuffix("\n")
+    return answer_text(Message("assistant", content, tool_calls=item.tool_calls), fmt)
 
 
 def teacher_forced(context: Context, prompt: list[int], target: list[int]
@@ -272,7 +289,7 @@ class ScoreTask:
             if current.calls is None:
                 self.row["exact"] = self.greedy.exact
             else:
-                self.row["exact"] = self.greedy.text == current.item.target
+                self.row["exact"] = self.greedy.text == (current.served or current.item.target)
                 self.row["tool_call_exact"] = same_calls(
                     parse_any(self.greedy.text) or (), current.calls)
         return self._next_item()

@@ -7,13 +7,13 @@ Two kinds of file (`engine.catalog.evaluation.format_of` decides by the name):
   refused with its number exactly as training refuses it): `{"text": ...}` scores every
   token but the first; `{"prompt": ..., "completion": ...}` the completion only;
   `{"messages": [...]}` the last assistant turn only, after the messages before it
-  rendered with the chat template as served. An assistant turn with `tool_calls`
-  (OpenAI's shape) is a tool-call item: its target is the calls in the generic format
-  (`engine.formats.tool_calls`), and exact match also judges the calls themselves.
-  Weights and bookkeeping keys are ignored; preference lines, token lines
-  (`{"tokens": [...]}`: a score is of text as served, and token ids have no text to
-  serve) and lines with `tools` (training renders them; scoring does not yet) are
-  refused, with their line numbers.
+  rendered with the chat template as served, with the line's `tools` when it has them
+  (rendered as a served request with those tools is). An assistant turn with
+  `tool_calls` (OpenAI's shape) is a tool-call item: its target is the calls as the
+  scored model writes them in the format it is served in (`engine.formats.tool_calls`),
+  and exact match also judges the calls themselves. Weights and bookkeeping keys are
+  ignored; preference lines and token lines (`{"tokens": [...]}`: a score is of text as
+  served, and token ids have no text to serve) are refused, with their line numbers.
 - Any other file is text: each non-empty line is one item, scored whole (its first token
   has nothing before it, so it is not scored). Lines, not the whole file, so a long file
   never overflows the context and each line gets its own figures.
@@ -79,10 +79,6 @@ def read_set(path: Path, fmt: str | None = None) -> ScoreSet:
         exact = [f"line {r.line}: token lines cannot be scored (a score set is text, "
                  "scored as served); use text, prompt/completion or messages"
                  for r in records if r.kind == "tokens"]
-        # Scoring renders no tools yet (its expected calls are generic-format text):
-        # refused rather than scored on a prompt no served request would send.
-        exact += [f"line {r.line}: lines with tools can be trained but not scored yet"
-                  for r in records if r.tools is not None]
         if exact:
             more = len(exact) - data.MAX_REPORTED
             raise data.DataError(f"{path.name}: {len(exact)} line"
@@ -105,11 +101,12 @@ def _item(record: data.Record) -> messages.ScoreItem:
                                   messages.Prompt(text=record.prompt or ""), record.line)
     last = max(i for i, m in enumerate(record.messages) if m.role == "assistant")
     answer = record.messages[last]
-    # Expected calls: scored as their generic-format text (as serving's prompt writes an
-    # earlier turn's calls), judged as calls.
+    # Expected calls: their generic-format text here; scoring writes them in the format
+    # of the model it scores (`engine.runtime.scoring`). Judged as calls.
     target = answer_text(answer, "generic")
     return messages.ScoreItem("chat", target,
-                              messages.Prompt(messages=record.messages[:last], chat=True),
+                              messages.Prompt(messages=record.messages[:last], chat=True,
+                                              tools=record.tools),
                               record.line, answer.tool_calls)
 
 
