@@ -58,7 +58,9 @@ class Reply(QObject):
     """
 
     # side ("main", "base", "variant"), text since the last delivery, and per token
-    # since the last delivery: [token id, logprob, text]
+    # since the last delivery: [token id, logprob, text, names of the tool calls it
+    # started]. With tools the text is the answer's content only: a call's JSON is
+    # parsed out as it streams (the calls come whole with the result).
     tokens = Signal(str, str, list)
     progress = Signal(str, float)  # stage, fraction
     finished = Signal(object)  # the result
@@ -126,8 +128,9 @@ class Reply(QObject):
             if self._stopped:
                 return
             texts, toks = self._buffers.setdefault(event.side, ([], []))
-            texts.append(event.text)
-            toks.append([event.token_id, event.logprob, event.text])
+            texts.append(event.text if event.content is None else event.content)
+            toks.append([event.token_id, event.logprob, event.text,
+                         [c.name for c in event.calls if c.name]])
             if event.side not in self._sides:
                 first = not self._sides
                 self._sides.add(event.side)

@@ -5,10 +5,11 @@ endpoint: the model calls a real Python function through OpenAI `tools`, the SDK
 it and sends the result back as a `tool` message, and the run ends with the model's
 final answer.
 
-The first turn requires a call (`tool_choice="required"`; the SDK resets it to "auto"
-once a tool ran, its default), so the call is enforced by the grammar; its arguments are
-the demo adapter's: on this held-out-style request it names the right tool and both
-arguments exactly. The final answer of a 135M model after a tool result is weak prose
+The agent has the SDK's defaults: no `tool_choice` (so "auto": the model decides to
+call, and the grammar holds the call to its schema once it starts one) and no
+instructions (so the variant's own system prompt, the one its adapter was trained with,
+is served; its profile declares the call format it learned). On this held-out-style
+request it names the right tool and both arguments exactly. The final answer of a 135M model after a tool result is weak prose
 (it tends to echo the result), so only that the loop ends in an answer is asserted."""
 
 from __future__ import annotations

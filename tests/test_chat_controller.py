@@ -118,7 +118,7 @@ def test_an_answer_is_asked_streamed_recorded_and_saved(parts) -> None:  # noqa:
     assert not controller.send("again")  # one answer at a time
 
     clock.now += 0.25
-    engine.last.sink.tokens("main", '{"tool": ', [[1, -0.1, '{"tool": ']])
+    engine.last.sink.tokens("main", '{"tool": ', [[1, -0.1, '{"tool": ', []]])
     clock.now += 1.0
     engine.last.sink.tokens("main", '"get_weather"}', [])
     assert listener.streamed == ['{"tool": ', '"get_weather"}']
@@ -191,9 +191,9 @@ def test_a_stopped_answer_keeps_its_speed_and_the_actions_follow_the_state(
     can = controller.actions()
     assert can.stop and not (can.send or can.copy or can.rename or can.delete)
     clock.now += 0.5
-    engine.last.sink.tokens("main", "Once", [[1, -0.1, "Once"]])
+    engine.last.sink.tokens("main", "Once", [[1, -0.1, "Once", []]])
     clock.now += 2.0  # four more tokens in the 2 s after the first
-    engine.last.sink.tokens("main", " upon a time", [[i, -0.1, "x"] for i in range(2, 6)])
+    engine.last.sink.tokens("main", " upon a time", [[i, -0.1, "x", []] for i in range(2, 6)])
     controller.stop()
     engine.last.sink.cancelled()
     stopped = controller.conversation.messages[-1]
@@ -210,15 +210,15 @@ def test_a_stopped_answer_keeps_its_speed_and_the_actions_follow_the_state(
     # Moving away keeps the speed too; a single delivery is too little to tell.
     controller.send("Again?")
     clock.now += 1.0
-    engine.last.sink.tokens("main", "Yes", [[1, -0.1, "Yes"]])
+    engine.last.sink.tokens("main", "Yes", [[1, -0.1, "Yes", []]])
     clock.now += 0.5
-    engine.last.sink.tokens("main", " and no", [[2, -0.1, " and"], [3, -0.1, " no"]])
+    engine.last.sink.tokens("main", " and no", [[2, -0.1, " and", []], [3, -0.1, " no", []]])
     asked = controller.conversation.id
     controller.set_model(BASE)
     kept = conversations.load(asked).messages[-1]
     assert kept.error == "stopped" and kept.tokens_per_second == pytest.approx(4.0)
     controller.send("Hi")
-    engine.last.sink.tokens("main", "Hello", [[1, -0.1, "Hello"]])
+    engine.last.sink.tokens("main", "Hello", [[1, -0.1, "Hello", []]])
     controller.stop()
     engine.last.sink.cancelled()
     assert controller.conversation.messages[-1].tokens_per_second is None
@@ -332,7 +332,7 @@ TOOLS_JSON = json.dumps([
 
 def test_tools_go_with_the_requests_and_tool_results_continue_the_chat(
         parts) -> None:  # noqa: ANN001
-    controller, engine, listener, _clock = parts
+    controller, engine, listener, clock = parts
     controller.set_model(BASE)
     # Refused with the reason, changing nothing.
     assert controller.set_tools("[not json").startswith("the tools are not JSON")
@@ -350,6 +350,13 @@ def test_tools_go_with_the_requests_and_tool_results_continue_the_chat(
     asked = engine.last.request
     assert [t.name for t in asked.prompt.tools] == ["get_weather", "get_time"]
     assert asked.constraint.tool_choice == "required"
+    # While the calls stream, the engine sends their names (their JSON is no content):
+    # the status says which tools it is calling.
+    clock.now += 1.0
+    engine.last.sink.tokens("main", "", [[1, -0.1, "<tool_call>", []],
+                                         [2, -0.1, '{"name": "get_weather"', ["get_weather"]]])
+    assert controller.stream_text == ""
+    assert listener.statuses[-1] == "generating… calling get_weather… 0 chars, 1.0 s"
     engine.last.sink.finished(generation_result(
         "<tool_call>…</tool_call>", BASE, content="", tool_calls=[
             {"id": "call_a", "name": "get_weather", "arguments": '{"city": "Paris"}'},

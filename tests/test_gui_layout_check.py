@@ -243,7 +243,7 @@ def chat(window: MainWindow) -> None:
     for start in range(0, len(pieces), 8):  # streamed: the view draws block by block
         chunk = pieces[start:start + 8]
         engine.last.sink.tokens("main", "".join(chunk),
-                                [[start + i, -0.1, p] for i, p in enumerate(chunk)])
+                                [[start + i, -0.1, p, []] for i, p in enumerate(chunk)])
         settle()
     engine.last.sink.finished(generation_result(ANSWER, DEFAULT_MODEL_NAME, tokens=pieces,
                                                 tokens_per_second=4.7))

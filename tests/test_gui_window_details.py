@@ -80,9 +80,9 @@ def test_the_chat_status_is_whole_at_1024_and_the_buttons_follow_what_runs(
     assert not chat.delete_button.isEnabled() and not chat.rename_button.isEnabled()
     pieces = ['{"tool":'] + [" x"] * 63
     clock.now += 9.48
-    engine.last.sink.tokens("main", pieces[0], [[0, -0.1, pieces[0]]])
+    engine.last.sink.tokens("main", pieces[0], [[0, -0.1, pieces[0], []]])
     engine.last.sink.tokens("main", "".join(pieces[1:]),
-                            [[i, -0.1, p] for i, p in enumerate(pieces[1:], 1)])
+                            [[i, -0.1, p, []] for i, p in enumerate(pieces[1:], 1)])
     engine.last.sink.finished(generation_result(
         "".join(pieces), VARIANT_NAME, tokens=pieces, finish="length",
         tokens_per_second=4.7))
@@ -104,10 +104,10 @@ def test_the_chat_status_is_whole_at_1024_and_the_buttons_follow_what_runs(
     chat.send()
     assert not chat.copy_button.isEnabled() and window.act_stop.isEnabled()
     clock.now += 0.5
-    engine.last.sink.tokens("main", "It", [[1, -0.1, "It"]])
+    engine.last.sink.tokens("main", "It", [[1, -0.1, "It", []]])
     clock.now += 2.0
-    engine.last.sink.tokens("main", " is sunny", [[2, -0.1, " is"], [3, -0.1, " sunny"],
-                                                  [4, -0.1, "."], [5, -0.1, "!"]])
+    engine.last.sink.tokens("main", " is sunny", [[2, -0.1, " is", []], [3, -0.1, " sunny", []],
+                                                  [4, -0.1, ".", []], [5, -0.1, "!", []]])
     window.act_stop.trigger()
     assert engine.last.stopped
     engine.last.sink.cancelled()

@@ -168,6 +168,7 @@ class ChatController:
         self.reply: Running | None = None  # the answer being generated
         self._sink: CurrentSink | None = None  # its events' listener
         self._parts: list[str] = []  # its text so far, in the pieces it came in
+        self._calling: list[str] = []  # the tool calls it has started, by name
         self._chars = 0
         self._started = 0.0
         # Its tokens so far (and those of its first delivery) and when the last came:
@@ -586,6 +587,7 @@ class ChatController:
             return
         self._sampling = request.sampling
         self._parts, self._chars = [], 0
+        self._calling = []
         self._tokens = self._first_tokens = 0
         self._started = self._clock()
         self.first_token_seconds = None
@@ -617,6 +619,8 @@ class ChatController:
         self._finish()
 
     def _on_tokens(self, _side: str, text: str, tokens: list) -> None:
+        # A tool call being written shows as its name in the status, not as its JSON.
+        self._calling += [name for token in tokens for name in token[3]]
         self._parts.append(text)
         self._chars += len(text)
         self.listener.stream_grew(text)
@@ -631,7 +635,8 @@ class ChatController:
         # needs on a small machine).
         if now - self._status_at >= STATUS_INTERVAL:
             self._status_at = now
-            self.listener.show_status(f"generating… {self._chars} chars, "
+            calling = f"calling {', '.join(self._calling)}… " if self._calling else ""
+            self.listener.show_status(f"generating… {calling}{self._chars} chars, "
                                       f"{now - self._started:.1f} s")
 
     def _on_finished(self, result: GenerationResult) -> None:
