@@ -29,6 +29,7 @@ is for.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ from PySide6.QtWidgets import (
 
 from engine.catalog.resolve import SessionSpec
 from engine.catalog.store import Catalog
+from engine.curated import demo
 from engine.state.conversations import Conversation
 from gui.backend_picker import BackendPicker
 from gui.catalog_events import CatalogEvents, touches
@@ -139,6 +141,14 @@ class ToolsDialog(QDialog):
                                    QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.apply)
         buttons.rejected.connect(self.reject)
+        # The shipped demo variant's tools, for a first try (it answers them as calls).
+        self.demo_button = buttons.addButton("Use the demo's tools",
+                                             QDialogButtonBox.ButtonRole.ActionRole)
+        self.demo_button.setToolTip("The five tools the demo variant tool-calls was "
+                                    "trained to call: get_weather, set_timer, send_email, "
+                                    "play_music, convert_currency")
+        self.demo_button.clicked.connect(lambda: self.text.setPlainText(
+            json.dumps(demo.TOOLS, indent=2, ensure_ascii=False)))
         form = QFormLayout(self)
         form.addRow(QLabel("The functions the model may call (a JSON list of OpenAI "
                            "tools; empty: none). Saved with this chat."))

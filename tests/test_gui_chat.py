@@ -278,6 +278,25 @@ CHAT_TOOLS = [
 
 
 @pytest.mark.slow
+def test_the_demo_variant_calls_the_demo_tools_in_the_chat(win: MainWindow, qtbot) -> None:
+    """The Tools dialog offers the demo's tools; with them (tool choice auto), the demo
+    variant's answer to a plain request is a card calling the right tool, and nothing of
+    its JSON is left as text."""
+    chat = win.chat
+    win.open_chat(VARIANT_NAME)
+    dialog = chat.open_tools()
+    dialog.demo_button.click()
+    assert dialog.apply() and chat.tools_button.text() == "Tools (5)…"
+    called = ask(win, qtbot, "Do I need an umbrella in Zurich tomorrow?")
+    assert win.sent[-1].constraint.tool_choice == "auto"
+    assert called.error is None and called.content == ""
+    [call] = called.tool_calls
+    assert (call.name, json.loads(call.arguments)) == (
+        "get_weather", {"city": "Zurich", "day": "tomorrow"})
+    assert "Calls get_weather" in chat.transcript.toPlainText()
+
+
+@pytest.mark.slow
 def test_a_tool_call_is_a_card_and_its_result_continues_the_chat(win: MainWindow,
                                                                  qtbot) -> None:
     """The real base model, made to call a tool (tool choice "required", given in the
