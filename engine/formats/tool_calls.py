@@ -58,9 +58,9 @@ from engine.formats.templates import Message, ToolCall, plain_prompt, render
 FORMATS = ("hermes", "llama3", "bracketed", "generic", "tool-args")
 # Each format in a few words, for a person choosing a variant's (the composer).
 FORMAT_LABELS = {
-    "hermes": "Hermes / Qwen: <tool_call> tags",
-    "llama3": "Llama 3.x: a JSON call as the answer",
-    "bracketed": "Mistral: [TOOL_CALLS] and a JSON list",
+    "hermes": "Hermes: each JSON call in <tool_call> tags",
+    "llama3": "Llama 3: a JSON call with its parameters as the answer",
+    "bracketed": "Bracketed: [TOOL_CALLS] and a JSON list of calls",
     "generic": 'Generic: {"tool_calls": [...]}, tools listed in the system prompt',
     "tool-args": '{"tool": NAME, "args": {...}}, tools described by your system prompt',
 }
