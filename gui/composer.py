@@ -32,10 +32,11 @@ from PySide6.QtWidgets import (
 )
 
 from engine.catalog import resolve, validation
-from engine.catalog.profiles import DEFAULT_PROFILE, TOOL_FORMAT_LABELS, TOOL_FORMATS
+from engine.catalog.profiles import DEFAULT_PROFILE
 from engine.catalog.store import AdapterSpec, Catalog
 from engine.curated import demo
 from engine.errors import StudioError
+from engine.formats.tool_calls import FORMAT_LABELS, FORMATS
 from gui.catalog_events import CatalogEvents
 
 SLIDER_STEPS = 100  # slider units per 1.0 of scale
@@ -154,8 +155,8 @@ class ComposerDialog(QDialog):
         self.tool_format.setSizeAdjustPolicy(
             QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.tool_format.addItem("As the base's chat template says", None)
-        for fmt in TOOL_FORMATS:
-            self.tool_format.addItem(TOOL_FORMAT_LABELS[fmt], fmt)
+        for fmt in FORMATS:
+            self.tool_format.addItem(FORMAT_LABELS[fmt], fmt)
         self.tool_format.setCurrentIndex(max(0, self.tool_format.findData(
             profile.get("tool_format"))))
         self.tool_format.setToolTip("How this variant writes tool calls, for requests with "

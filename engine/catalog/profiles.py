@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from engine.errors import UsageError
-from engine.formats.tool_calls import FORMAT_LABELS, FORMATS
+from engine.formats.tool_calls import FORMATS
 
 # setting -> (type, lowest, highest)
 LIMITS: dict[str, tuple[type, float, float]] = {
@@ -29,8 +29,6 @@ LIMITS: dict[str, tuple[type, float, float]] = {
 }
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repeat_penalty", "seed", "max_tokens")
 MAX_SYSTEM_PROMPT = 100_000
-TOOL_FORMATS = FORMATS
-TOOL_FORMAT_LABELS = FORMAT_LABELS
 
 DEFAULT_PROFILE: dict[str, Any] = {
     "system_prompt": "",
@@ -66,8 +64,8 @@ def check_profile(profile: dict[str, Any]) -> dict[str, Any]:
                                  "characters)")
             out[key] = value
         elif key == "tool_format":
-            if value not in TOOL_FORMATS:
-                raise UsageError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}")
+            if value not in FORMATS:
+                raise UsageError(f"tool_format must be one of {', '.join(FORMATS)}")
             out[key] = value
         elif key in LIMITS:
             out[key] = check_value(key, value)

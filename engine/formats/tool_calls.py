@@ -26,8 +26,8 @@ INSTRUCTIONS`), assistant tool calls written as the JSON object above, and tool 
 as user messages `{"tool_response": {"name": ..., "tool_call_id": ..., "content": ...}}`.
 A declared `tool-args` variant's own system prompt describes its tools (its adapter
 was trained on that prompt), so its tools are not rendered: they only constrain and
-parse the answer. Either way the result is messages for the one renderer, `engine.formats.templates`
-(sandboxed), called from `engine.runtime.prompting`.
+parse the answer. Either way the result is messages for the one renderer,
+`engine.formats.templates` (sandboxed), called from `engine.runtime.prompting`.
 
 Parsing (`CallParser`): fed the answer's text as it streams, it returns the text that is
 plain content and the tool-call deltas (a call's id and name as soon as the name is
