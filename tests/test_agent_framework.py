@@ -9,8 +9,9 @@ The agent has the SDK's defaults: no `tool_choice` (so "auto": the model decides
 call, and the grammar holds the call to its schema once it starts one) and no
 instructions (so the variant's own system prompt, the one its adapter was trained with,
 is served; its profile declares the call format it learned). On this held-out-style
-request it names the right tool and both arguments exactly. The final answer of a 135M model after a tool result is weak prose
-(it tends to echo the result), so only that the loop ends in an answer is asserted."""
+request it names the right tool and both arguments exactly. The final answer of a 135M
+model after a tool result is weak prose (it tends to echo the result), so only that the
+loop ends in an answer is asserted."""
 
 from __future__ import annotations
 
