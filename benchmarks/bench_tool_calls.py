@@ -50,7 +50,7 @@ def expected_calls(path: Path) -> list[tuple[str, str, dict[str, Any]]]:
 
 def accuracy(client: Any, model: str, cases: list[tuple[str, str, dict[str, Any]]],
              tools: list[dict[str, Any]], choice: str) -> dict[str, Any]:
-    right, wrong_name, no_call, seconds = 0, 0, 0, []
+    right, wrong_name, no_call, seconds, missed = 0, 0, 0, [], []
     for question, name, arguments in cases:
         start = time.perf_counter()
         answer = client.chat.completions.create(
@@ -60,20 +60,25 @@ def accuracy(client: Any, model: str, cases: list[tuple[str, str, dict[str, Any]
         seconds.append(time.perf_counter() - start)
         calls = answer.choices[0].message.tool_calls or []
         if len(calls) == 1 and calls[0].function.name == name:
-            right += json.loads(calls[0].function.arguments) == arguments
+            exact = json.loads(calls[0].function.arguments) == arguments
+            right += exact
         elif calls:
             wrong_name += 1
         else:
             no_call += 1
+        if not (len(calls) == 1 and calls[0].function.name == name and exact):
+            missed.append({"request": question, "calls": [
+                [c.function.name, c.function.arguments] for c in calls]})
     return {"exact": right, "of": len(cases), "accuracy": right / len(cases),
             "wrong_function": wrong_name, "no_call": no_call,
-            "median_request_s": median(seconds)}
+            "median_request_s": median(seconds), "missed": missed[:8]}
 
 
 def accuracies(catalog: Any, limit: int, openvino: bool) -> dict[str, Any]:
     """`accuracy` of the demo variant and its base through a local server, per backend."""
     import openai
 
+    from engine.catalog import resolve
     from engine.catalog.store import AdapterSpec
     from engine.curated import demo, embedded, openvino_default
     from engine.serve.config import ServeConfig
@@ -93,6 +98,8 @@ def accuracies(catalog: Any, limit: int, openvino: bool) -> dict[str, Any]:
     results: dict[str, Any] = {}
     try:
         for backend, names in models.items():
+            compute = resolve.identity(catalog, names["variant"]).compute
+            results[f"{backend} profile"] = compute.label() if compute else None
             results[backend] = {f"{role} ({choice})": {
                 "model": name, **accuracy(client, name, cases, demo.TOOLS, choice)}
                 for role, name in names.items() for choice in ("auto", "required")}
