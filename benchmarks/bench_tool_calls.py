@@ -59,14 +59,12 @@ def accuracy(client: Any, model: str, cases: list[tuple[str, str, dict[str, Any]
             max_tokens=64, extra_body={"repeat_penalty": 1.0})
         seconds.append(time.perf_counter() - start)
         calls = answer.choices[0].message.tool_calls or []
-        if len(calls) == 1 and calls[0].function.name == name:
-            exact = json.loads(calls[0].function.arguments) == arguments
-            right += exact
-        elif calls:
-            wrong_name += 1
-        else:
-            no_call += 1
-        if not (len(calls) == 1 and calls[0].function.name == name and exact):
+        named = len(calls) == 1 and calls[0].function.name == name
+        exact = named and json.loads(calls[0].function.arguments) == arguments
+        right += exact
+        wrong_name += bool(calls) and not named
+        no_call += not calls
+        if not exact:
             missed.append({"request": question, "calls": [
                 [c.function.name, c.function.arguments] for c in calls]})
     return {"exact": right, "of": len(cases), "accuracy": right / len(cases),

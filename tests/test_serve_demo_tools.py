@@ -91,13 +91,12 @@ def test_a_held_out_request_gets_the_expected_tool_call(world: World, row: dict[
 
 
 def test_the_request_decides_which_tools_may_be_called(world: World) -> None:
-    """Asked about the weather with only `play_music` on offer, the variant may still
-    start a call, but only to `play_music`; with `tool_choice: "none"` it answers as
-    text (its JSON, unparsed)."""
+    """Asked about the weather with only `play_music` on offer, the variant starts its
+    call as trained, and the grammar holds it to `play_music`; with `tool_choice: "none"`
+    it answers as text (its JSON, unparsed)."""
     music = [t for t in demo.TOOLS if t["function"]["name"] == "play_music"]
     answer = ask(world, "What's the weather in Vienna today?", tools=music).choices[0]
-    for call in answer.message.tool_calls or ():
-        assert call.function.name == "play_music"
+    assert [c.function.name for c in answer.message.tool_calls or ()] == ["play_music"]
     none = ask(world, "What's the weather in Vienna today?", tool_choice="none").choices[0]
     assert none.message.tool_calls is None and none.finish_reason == "stop"
     assert json.loads(none.message.content)["tool"] == "get_weather"

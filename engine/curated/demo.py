@@ -179,17 +179,23 @@ def adopt_signature(catalog: Catalog) -> bool:
 def adopt_tool_format(catalog: Catalog) -> bool:
     """A demo variant seeded before profiles declared a tool-call format gets the
     demo's (`TOOL_FORMAT`), when its profile still has the demo's system prompt and no
-    format (a user's edits are kept). True if it was adopted."""
-    def declare(data: dict) -> dict:
+    format (a user's edits are kept). True if it was adopted. Read first: this runs at
+    every start, and only an old catalog is written."""
+    def due(data: dict) -> bool:
         variant = data.get("variants", {}).get(VARIANT_NAME)
         profile = variant.get("profile") if isinstance(variant, dict) else None
-        if (isinstance(profile, dict) and variant.get("curated")
+        return (isinstance(profile, dict) and bool(variant.get("curated"))
                 and profile.get("system_prompt") == SYSTEM_PROMPT
-                and "tool_format" not in profile):
-            profile["tool_format"] = TOOL_FORMAT
+                and "tool_format" not in profile)
+
+    def declare(data: dict) -> dict:
+        if due(data):  # again under the lock: another process may have done it
+            data["variants"][VARIANT_NAME]["profile"]["tool_format"] = TOOL_FORMAT
             adopted.append(True)
         return data
 
+    if not due(catalog.data()):
+        return False
     adopted: list[bool] = []
     catalog.state.update(declare)
     return bool(adopted)

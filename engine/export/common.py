@@ -225,7 +225,7 @@ def readme_header(plan: Plan, target: str) -> str:
         lines += [
             f"The variant writes **tool calls** in a format its profile declares "
             f"(`{plan.profile['tool_format']}`: "
-            f"{FORMAT_LABELS.get(str(plan.profile['tool_format']), '?')}), not in the one "
+            f"{FORMAT_LABELS[plan.profile['tool_format']]}), not in the one "
             "its base's chat template names. This server parses calls by the template, so "
             "it returns them as text: read them from the answer's content yourself.",
             "",
